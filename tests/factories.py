@@ -1,0 +1,32 @@
+"""Hand-built data shaped like what the art-ray endpoint returns (for unit tests of pure logic)."""
+
+from __future__ import annotations
+
+from openai.types.chat.chat_completion import Choice
+
+
+def served_choice(
+    text: str = "Paris",
+    token_ids: tuple[int, ...] = (11, 12),
+    logprobs: tuple[float, ...] = (-0.5, -0.25),
+    prompt_token_ids: tuple[int, ...] | None = (1, 2, 3),
+    with_token_ids: bool = True,
+    tool_calls: list[dict] | None = None,
+) -> Choice:
+    """A Choice as vLLM returns it with return_token_ids and return_tokens_as_token_ids."""
+    data: dict = {
+        "index": 0,
+        "finish_reason": "stop",
+        "message": {"role": "assistant", "content": text, "tool_calls": tool_calls},
+        "logprobs": {
+            "content": [
+                {"token": f"token_id:{token_id}", "logprob": logprob, "bytes": None, "top_logprobs": []}
+                for token_id, logprob in zip(token_ids, logprobs, strict=True)
+            ]
+        },
+    }
+    if with_token_ids:
+        data["token_ids"] = list(token_ids)
+    if prompt_token_ids is not None:
+        data["prompt_token_ids"] = list(prompt_token_ids)
+    return Choice.model_validate(data)
