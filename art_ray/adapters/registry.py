@@ -1,0 +1,129 @@
+"""The LoRA registry: a named Ray actor that knows, per model, the adapter versions and who serves them.
+
+The trainer (or anyone) `publish`es a version: its tensors are put in the object store once, owned by
+the registry (so they outlive the publisher), and the registry pushes the version to every replica of
+every subscribed Serve deployment (`DeploymentHandle.broadcast`); `publish` returns when all live
+replicas serve it. A replica that starts later asks for the latest versions before it takes traffic,
+and polls for versions it missed while starting. Trainer and serving meet only here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import pydantic
+import ray
+
+from art_ray.adapters.lora_files import LoRASpec, validate_model_name
+
+logger = logging.getLogger(__name__)
+
+REGISTRY_NAME = "art_ray_lora_registry"
+REGISTRY_NAMESPACE = "art_ray"
+
+
+class AdapterVersion(pydantic.BaseModel):
+    """One published LoRA version. `tensors` is an ObjectRef to a dict of PEFT state-dict tensors."""
+
+    model_config = pydantic.ConfigDict(arbitrary_types_allowed=True, frozen=True)
+
+    model: str
+    step: int = pydantic.Field(ge=0)
+    base_model: str
+    lora: LoRASpec
+    tensors: Any  # ray.ObjectRef; pydantic has no schema for it
+    published_at: float = pydantic.Field(default_factory=time.time)
+
+
+class Subscription(pydantic.BaseModel):
+    app_name: str
+    deployment_name: str
+
+
+@ray.remote(num_cpus=0, max_concurrency=64)
+class LoRARegistry:
+    def __init__(self, keep_versions: int = 4) -> None:
+        self._keep_versions = keep_versions
+        self._versions: dict[str, dict[int, AdapterVersion]] = {}
+        self._subscriptions: dict[tuple[str, str], Subscription] = {}
+
+    def subscribe(self, app_name: str, deployment_name: str) -> None:
+        self._subscriptions[(app_name, deployment_name)] = Subscription(
+            app_name=app_name, deployment_name=deployment_name
+        )
+
+    def unsubscribe(self, app_name: str, deployment_name: str) -> None:
+        self._subscriptions.pop((app_name, deployment_name), None)
+
+    def latest(self, model: str) -> AdapterVersion | None:
+        versions = self._versions.get(model)
+        return versions[max(versions)] if versions else None
+
+    def latest_versions(self) -> list[AdapterVersion]:
+        return [versions[max(versions)] for versions in self._versions.values() if versions]
+
+    def get(self, model: str, step: int) -> AdapterVersion | None:
+        return self._versions.get(model, {}).get(step)
+
+    def steps(self, model: str) -> list[int]:
+        return sorted(self._versions.get(model, {}))
+
+    async def publish(
+        self,
+        model: str,
+        step: int,
+        base_model: str,
+        lora: dict,
+        tensors: dict,
+        timeout_s: float = 300.0,
+    ) -> dict[str, int]:
+        """Record a version and return when every live replica serves it: {"replicas": n}."""
+        validate_model_name(model)
+        spec = LoRASpec.model_validate(lora)
+        # Put by the registry, so the registry owns the object and it outlives the publisher.
+        ref = ray.put(tensors)
+        version = AdapterVersion(model=model, step=step, base_model=base_model, lora=spec, tensors=ref)
+        versions = self._versions.setdefault(model, {})
+        versions[step] = version
+        for old in sorted(versions)[: -self._keep_versions]:
+            del versions[old]
+        replicas = await self._broadcast(version, timeout_s)
+        return {"replicas": replicas}
+
+    async def _broadcast(self, version: AdapterVersion, timeout_s: float) -> int:
+        from ray import serve
+
+        async def push(subscription: Subscription) -> int:
+            try:
+                handle = serve.get_deployment_handle(subscription.deployment_name, subscription.app_name)
+                response = handle.broadcast("load_adapter", version)
+            except Exception as error:  # the app was deleted: nobody to serve it there any more
+                logger.warning("dropping subscription %s: %s", subscription, error)
+                self.unsubscribe(subscription.app_name, subscription.deployment_name)
+                return 0
+            results = await response.results_async(timeout_s=timeout_s)
+            return len(results)
+
+        counts = await asyncio.gather(*(push(s) for s in list(self._subscriptions.values())))
+        return sum(counts)
+
+
+def get_registry(create: bool = True, keep_versions: int = 4) -> ray.actor.ActorHandle:
+    """The cluster's registry actor (detached, so it outlives the driver that created it)."""
+    if create:
+        return LoRARegistry.options(
+            name=REGISTRY_NAME, namespace=REGISTRY_NAMESPACE, lifetime="detached", get_if_exists=True
+        ).remote(keep_versions)
+    return ray.get_actor(REGISTRY_NAME, namespace=REGISTRY_NAMESPACE)
+
+
+async def publish_adapter(
+    model: str, step: int, base_model: str, lora: LoRASpec, tensors: dict, timeout_s: float = 300.0
+) -> int:
+    """Publish a version and wait until every live replica serves it; returns the replica count."""
+    registry = get_registry()
+    result = await registry.publish.remote(model, step, base_model, lora.model_dump(), tensors, timeout_s)
+    return result["replicas"]

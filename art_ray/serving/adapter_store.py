@@ -1,0 +1,77 @@
+"""The LoRA versions one replica serves: load from the object store, name `model@step`, evict old ones."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from art_ray.adapters.lora_files import versioned_name, write_peft_adapter
+from art_ray.adapters.registry import AdapterVersion
+
+logger = logging.getLogger(__name__)
+
+
+class AdapterLoadError(RuntimeError):
+    pass
+
+
+class AdapterStore:
+    def __init__(self, serving_models: Any, engine: Any, folder: Path, keep_versions: int) -> None:
+        self._serving_models = serving_models  # vLLM's OpenAIServingModels: names -> LoRARequest
+        self._engine = engine
+        self._folder = folder
+        self._keep_versions = keep_versions
+        # model -> step -> (object ref id, folder) of the loaded version
+        self._loaded: dict[str, dict[int, tuple[str, Path]]] = {}
+        self._lock = asyncio.Lock()
+
+    def latest_step(self, model: str) -> int | None:
+        steps = self._loaded.get(model)
+        return max(steps) if steps else None
+
+    def served_models(self) -> dict[str, list[int]]:
+        return {model: sorted(steps) for model, steps in self._loaded.items() if steps}
+
+    async def load(self, version: AdapterVersion) -> bool:
+        """Serve `version` (idempotent); returns False if it was already loaded."""
+        ref_id = version.tensors.hex()
+        async with self._lock:
+            loaded = self._loaded.setdefault(version.model, {})
+            if version.step in loaded:
+                if loaded[version.step][0] == ref_id:
+                    return False
+                await self._unload(version.model, version.step)  # same step republished with new weights
+            tensors = await version.tensors
+            # A fresh folder per version: vLLM keys its prefix cache on (adapter name, path).
+            folder = self._folder / version.model / f"{version.step:06d}-{uuid.uuid4().hex[:8]}"
+            await asyncio.to_thread(write_peft_adapter, folder, tensors, version.lora, version.base_model)
+            await self._add(versioned_name(version.model, version.step), folder)
+            loaded[version.step] = (ref_id, folder)
+            for old_step in sorted(loaded)[: -self._keep_versions]:
+                await self._unload(version.model, old_step)
+            return True
+
+    async def _add(self, lora_name: str, folder: Path) -> None:
+        from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest
+
+        result = await self._serving_models.load_lora_adapter(
+            LoadLoRAAdapterRequest(lora_name=lora_name, lora_path=str(folder))
+        )
+        if not isinstance(result, str):  # an ErrorResponse
+            shutil.rmtree(folder, ignore_errors=True)
+            raise AdapterLoadError(f"loading {lora_name} failed: {result}")
+
+    async def _unload(self, model: str, step: int) -> None:
+        from vllm.entrypoints.serve.lora.protocol import UnloadLoRAAdapterRequest
+
+        lora_name = versioned_name(model, step)
+        request = self._serving_models.lora_requests.get(lora_name)
+        await self._serving_models.unload_lora_adapter(UnloadLoRAAdapterRequest(lora_name=lora_name))
+        if request is not None:
+            await self._engine.remove_lora(request.lora_int_id)
+        _, folder = self._loaded[model].pop(step)
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,38 @@
+"""ServingConfig: everything that decides how the inference app runs; it crosses process boundaries."""
+
+from __future__ import annotations
+
+import pydantic
+
+from art_ray.serving.engine_config import EngineConfig
+
+
+class ServingConfig(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    engine: EngineConfig
+    app_name: str = "art"
+    route_prefix: str = "/"
+    num_replicas: int = pydantic.Field(default=1, ge=1)
+    # Serve's default of 5 collapsed concurrent throughput 5x: the engine batches, let it.
+    max_ongoing_requests: int = pydantic.Field(default=256, ge=1)
+    # CPUs Ray reserves per replica; on a 2-core box the engine gets one and the trainer the other.
+    replica_num_cpus: float = pydantic.Field(default=1.0, ge=0)
+    replica_num_gpus: float = pydantic.Field(default=0.0, ge=0)
+    # Bearer key required on /v1 routes when set.
+    api_key: str | None = None
+    # LoRA versions of each model kept loaded per replica; older versions are evicted.
+    keep_versions: int = pydantic.Field(default=3, ge=1)
+    # Safety net for replicas that started while a version was being published.
+    registry_poll_seconds: float = pydantic.Field(default=2.0, gt=0)
+    # Node-local folder where replicas write adapter files for vLLM (no shared filesystem needed).
+    adapter_dir: str | None = None
+
+    @pydantic.model_validator(mode="after")
+    def _check_lora_slots(self) -> ServingConfig:
+        if self.keep_versions > self.engine.max_loras:
+            raise ValueError(
+                f"keep_versions={self.keep_versions} exceeds engine.max_loras={self.engine.max_loras}: "
+                "requests for versions that cannot be batched together would thrash the engine"
+            )
+        return self

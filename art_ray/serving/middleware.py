@@ -1,0 +1,197 @@
+"""ASGI middleware in front of vLLM's routes: ART model names, and token data on every choice.
+
+- `name` means the latest version `name@step`; `name@step` passes through (vLLM answers 404 for a
+  version that is not loaded). An invalid name is a 400, the hidden base model a 404.
+- Generation requests default to `logprobs` and `return_token_ids`, so every choice carries its
+  sampled token ids and logprobs; non-streaming chat choices also get the response's
+  `prompt_token_ids`, so a Choice appended to a Trajectory alone holds what the trainer needs.
+- `/v1/models` lists the loaded versions plus one alias per model for its latest version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from art_ray.adapters.lora_files import InvalidModelNameError, parse_versioned_name, versioned_name
+from art_ray.serving.vllm_app import BASE_MODEL_NAME
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+MODELS_PATH = "/v1/models"
+
+
+class VersionLookup(Protocol):
+    def latest_step(self, model: str) -> int | None: ...
+
+    def served_models(self) -> dict[str, list[int]]: ...
+
+
+def error_body(status: int, message: str, error_type: str, param: str | None = None) -> bytes:
+    return json.dumps(
+        {"error": {"message": message, "type": error_type, "param": param, "code": status}}
+    ).encode()
+
+
+class RequestRejected(Exception):
+    def __init__(self, status: int, message: str, error_type: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+
+
+class ModelRoutingMiddleware:
+    def __init__(self, app: Callable, versions: VersionLookup) -> None:
+        self.app = app
+        self.versions = versions
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"].removeprefix(scope.get("root_path", "")) or scope["path"]
+        method = scope["method"]
+        if method == "POST" and path in (CHAT_PATH, COMPLETIONS_PATH):
+            await self._generation(scope, receive, send, chat=path == CHAT_PATH)
+        elif method == "GET" and path == MODELS_PATH:
+            await self.app(scope, receive, _rewrite_json(send, self._rewrite_model_list))
+        else:
+            await self.app(scope, receive, send)
+
+    async def _generation(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
+        body = await _read_body(receive)
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            payload = None
+        if not isinstance(payload, dict):  # vLLM answers malformed bodies with its own 400
+            await self.app(scope, _replay(body, receive), send)
+            return
+        try:
+            self._rewrite_request(payload, chat)
+        except RequestRejected as rejected:
+            await _send_json(
+                send,
+                rejected.status,
+                error_body(rejected.status, str(rejected), rejected.error_type, "model"),
+            )
+            return
+        new_body = json.dumps(payload).encode()
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
+        headers.append((b"content-length", str(len(new_body)).encode()))
+        scope = {**scope, "headers": headers}
+        if chat and not payload.get("stream"):
+            send = _rewrite_json(send, _copy_prompt_token_ids_into_choices)
+        await self.app(scope, _replay(new_body, receive), send)
+
+    def _rewrite_request(self, payload: dict, chat: bool) -> None:
+        model = payload.get("model")
+        if not isinstance(model, str) or not model:
+            raise RequestRejected(
+                400, "`model` is required: name the model as `name` or `name@step`", "BadRequestError"
+            )
+        if model == BASE_MODEL_NAME:
+            raise RequestRejected(404, f"The model `{model}` does not exist.", "NotFoundError")
+        try:
+            name, step = parse_versioned_name(model)
+        except InvalidModelNameError as error:
+            raise RequestRejected(400, str(error), "BadRequestError") from None
+        if step is None:
+            latest = self.versions.latest_step(name)
+            if latest is None:
+                raise RequestRejected(404, f"The model `{model}` does not exist.", "NotFoundError")
+            payload["model"] = versioned_name(name, latest)
+        payload.setdefault("return_token_ids", True)
+        if chat:
+            if payload.get("logprobs") is None:
+                payload["logprobs"] = True
+        elif payload.get("logprobs") is None:
+            payload["logprobs"] = 0
+
+    def _rewrite_model_list(self, listing: dict) -> dict:
+        cards = [card for card in listing.get("data", []) if card.get("id") != BASE_MODEL_NAME]
+        for name, steps in sorted(self.versions.served_models().items()):
+            if steps:
+                latest = next((c for c in cards if c.get("id") == versioned_name(name, max(steps))), None)
+                if latest is not None:
+                    cards.append({**latest, "id": name})
+        listing["data"] = cards
+        return listing
+
+
+def _copy_prompt_token_ids_into_choices(response: dict) -> dict:
+    prompt_token_ids = response.get("prompt_token_ids")
+    if prompt_token_ids is not None:
+        for choice in response.get("choices", []):
+            choice.setdefault("prompt_token_ids", prompt_token_ids)
+    return response
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """Hand the (rewritten) body over once, then the client's own messages: vLLM cancels a request
+    when it sees `http.disconnect`, so that must only come from a real disconnect."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
+
+
+async def _send_json(send: Send, status: int, body: bytes) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _rewrite_json(send: Send, rewrite: Callable[[dict], dict]) -> Send:
+    """Buffer a successful JSON response and pass it through `rewrite`; anything else is untouched."""
+    start: Message | None = None
+    chunks: list[bytes] = []
+
+    async def wrapped(message: Message) -> None:
+        nonlocal start
+        if message["type"] == "http.response.start":
+            content_type = dict(message.get("headers", [])).get(b"content-type", b"")
+            if message["status"] == 200 and content_type.startswith(b"application/json"):
+                start = message
+                return
+            await send(message)
+        elif message["type"] == "http.response.body" and start is not None:
+            chunks.append(message.get("body", b""))
+            if message.get("more_body"):
+                return
+            body = b"".join(chunks)
+            with contextlib.suppress(ValueError):
+                body = json.dumps(rewrite(json.loads(body))).encode()
+            headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+            headers.append((b"content-length", str(len(body)).encode()))
+            await send({**start, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+        else:
+            await send(message)
+
+    return wrapped

