@@ -1,0 +1,74 @@
+"""Session fixtures: one local Ray cluster and one inference app shared by all integration tests.
+
+Each vLLM engine start costs ~30 s on the 2-core CI box, so the app starts once per session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+API_KEY = "test-key"
+MODEL = "agent"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    import ray
+
+    # 4 logical CPUs on 2 cores: two engine replicas plus the trainer get one each; they mostly wait.
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield ray
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()
+
+
+@dataclass
+class InferenceApp:
+    base_url: str
+    api_key: str
+    base_model: str
+    app_name: str
+    model: str
+
+
+@pytest.fixture(scope="session")
+def inference_app(ray_cluster) -> InferenceApp:
+    from art_ray.adapters.lora_files import LoRASpec, initial_adapter
+    from art_ray.adapters.registry import publish_adapter
+    from art_ray.models import TINY, prepare
+    from art_ray.serving.config import ServingConfig
+    from art_ray.serving.engine_config import EngineConfig
+    from art_ray.serving.launch import start_inference
+
+    base_model = str(prepare(TINY))
+    config = ServingConfig(
+        engine=EngineConfig(model=base_model, max_model_len=512, cpu_threads=1),
+        num_replicas=2,
+        replica_num_cpus=1,
+        api_key=API_KEY,
+        keep_versions=3,
+    )
+    base_url = start_inference(config, port=free_port())
+    spec = LoRASpec(r=8, alpha=16)
+    asyncio.run(publish_adapter(MODEL, 0, base_model, spec, initial_adapter(base_model, spec)))
+    os.environ.pop("OPENAI_API_KEY", None)
+    return InferenceApp(
+        base_url=base_url, api_key=API_KEY, base_model=base_model, app_name=config.app_name, model=MODEL
+    )

