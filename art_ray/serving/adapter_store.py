@@ -55,14 +55,26 @@ class AdapterStore:
                 await self._unload(version.model, old_step)
             return True
 
-    async def _add(self, lora_name: str, folder: Path) -> None:
+    async def load_folder(self, model: str, step: int, folder: Path) -> None:
+        """Serve a PEFT adapter folder already on this node's disk (a checkpoint) as `model@step`."""
+        async with self._lock:
+            loaded = self._loaded.setdefault(model, {})
+            if step in loaded:
+                await self._unload(model, step)
+            await self._add(versioned_name(model, step), folder, delete_on_error=False)
+            loaded[step] = (f"folder:{folder}", folder)
+            for old_step in sorted(loaded)[: -self._keep_versions]:
+                await self._unload(model, old_step)
+
+    async def _add(self, lora_name: str, folder: Path, delete_on_error: bool = True) -> None:
         from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest
 
         result = await self._serving_models.load_lora_adapter(
             LoadLoRAAdapterRequest(lora_name=lora_name, lora_path=str(folder))
         )
         if not isinstance(result, str):  # an ErrorResponse
-            shutil.rmtree(folder, ignore_errors=True)
+            if delete_on_error:
+                shutil.rmtree(folder, ignore_errors=True)
             raise AdapterLoadError(f"loading {lora_name} failed: {result}")
 
     async def _unload(self, model: str, step: int) -> None:
@@ -73,5 +85,6 @@ class AdapterStore:
         await self._serving_models.unload_lora_adapter(UnloadLoRAAdapterRequest(lora_name=lora_name))
         if request is not None:
             await self._engine.remove_lora(request.lora_int_id)
-        _, folder = self._loaded[model].pop(step)
-        shutil.rmtree(folder, ignore_errors=True)
+        source, folder = self._loaded[model].pop(step)
+        if not source.startswith("folder:"):  # never delete a checkpoint folder we were given
+            shutil.rmtree(folder, ignore_errors=True)

@@ -12,6 +12,7 @@ import ray
 from ray import serve
 from starlette.middleware import Middleware
 
+from art_ray.adapters.lora_files import validate_model_name
 from art_ray.adapters.registry import AdapterVersion, get_registry
 from art_ray.serving.adapter_store import AdapterStore
 from art_ray.serving.config import ServingConfig
@@ -51,6 +52,11 @@ class InferenceReplica:
     async def load_adapter(self, version: AdapterVersion) -> dict[str, list[int]]:
         """Called on every replica by the registry's broadcast; returns what this replica serves."""
         await self._adapters.load(version)
+        return self._adapters.served_models()
+
+    async def load_adapter_folder(self, model: str, step: int, folder: str) -> dict[str, list[int]]:
+        """Serve a PEFT adapter folder on this node's disk (e.g. a checkpoint) as `model@step`."""
+        await self._adapters.load_folder(validate_model_name(model), step, Path(folder))
         return self._adapters.served_models()
 
     async def served_models(self) -> dict[str, list[int]]:

@@ -1,0 +1,37 @@
+"""Helpers shared by the benchmarks: a local Ray cluster, a free loopback port, table printing."""
+
+from __future__ import annotations
+
+import json
+import socket
+import statistics
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_local_ray(num_cpus: int = 4) -> None:
+    import ray
+
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+
+
+def print_table(title: str, headers: list[str], rows: list[list[object]]) -> None:
+    cells = [headers, *[[f"{v:.3f}" if isinstance(v, float) else str(v) for v in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    print(f"\n{title}")
+    for index, row in enumerate(cells):
+        print("  ".join(value.rjust(width) for value, width in zip(row, widths, strict=True)))
+        if index == 0:
+            print("  ".join("-" * width for width in widths))
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def print_result(result: dict) -> None:
+    print(json.dumps(result), flush=True)

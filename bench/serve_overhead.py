@@ -1,0 +1,139 @@
+"""Serve + OpenAI client vs the vLLM engine called directly: output tokens/s on the same prompts.
+
+Both paths use the same EngineConfig (SmolLM2-135M, float32, one engine thread), the same step-0
+adapter, the same concurrency and fixed-length outputs (ignore_eos), so the ratio is what the HTTP
+hop, Serve's proxy and routing, vLLM's OpenAI layer and art-ray's middleware cost.
+Last line: {"bench": "serve_overhead", "ratio": serve tok/s / direct tok/s, ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from common import free_port, print_result, print_table, start_local_ray  # noqa: E402
+
+from art_ray.adapters.lora_files import LoRASpec, initial_adapter, write_peft_adapter  # noqa: E402
+from art_ray.models import resolve_base_model  # noqa: E402
+from art_ray.serving.engine_config import EngineConfig  # noqa: E402
+
+SPEC = LoRASpec(r=16, alpha=32)
+
+
+def prompts(count: int) -> list[list[dict]]:
+    topics = ["rivers", "cats", "the moon", "bread", "trains", "music", "rain", "chess"]
+    return [
+        [{"role": "user", "content": f"Write a short story about {topics[i % len(topics)]}."}]
+        for i in range(count)
+    ]
+
+
+async def direct_tokens_per_second(engine_config: EngineConfig, requests: int, max_tokens: int) -> float:
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.lora.request import LoRARequest
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    engine_config.apply_env()
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_config.vllm_kwargs()))
+    folder = Path(tempfile.mkdtemp()) / "step0"
+    write_peft_adapter(folder, initial_adapter(engine_config.model, SPEC), SPEC, engine_config.model)
+    lora = LoRARequest("bench@0", 1, str(folder))
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(engine_config.model)
+    params = SamplingParams(max_tokens=max_tokens, temperature=1.0, ignore_eos=True, logprobs=0)
+
+    async def one(index: int, messages: list[dict]) -> int:
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        final = None
+        async for output in engine.generate(
+            prompt, params, request_id=f"r{index}-{time.time()}", lora_request=lora
+        ):
+            final = output
+        return len(final.outputs[0].token_ids)
+
+    await asyncio.gather(*(one(i, m) for i, m in enumerate(prompts(4))))  # warm-up
+    start = time.perf_counter()
+    counts = await asyncio.gather(*(one(i, m) for i, m in enumerate(prompts(requests))))
+    elapsed = time.perf_counter() - start
+    engine.shutdown()
+    return sum(counts) / elapsed
+
+
+async def serve_tokens_per_second(engine_config: EngineConfig, requests: int, max_tokens: int) -> float:
+    import openai
+    import ray
+
+    from art_ray.adapters.registry import publish_adapter
+    from art_ray.serving.config import ServingConfig
+    from art_ray.serving.launch import start_inference
+
+    start_local_ray()
+    base_url = start_inference(ServingConfig(engine=engine_config, num_replicas=1), port=free_port())
+    await publish_adapter("bench", 0, engine_config.model, SPEC, initial_adapter(engine_config.model, SPEC))
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=600)
+
+    async def one(messages: list[dict]) -> int:
+        response = await client.chat.completions.create(
+            model="bench",
+            messages=messages,
+            max_tokens=max_tokens,
+            temperature=1.0,
+            extra_body={"ignore_eos": True},
+        )
+        return response.usage.completion_tokens
+
+    await asyncio.gather(*(one(m) for m in prompts(4)))
+    start = time.perf_counter()
+    counts = await asyncio.gather(*(one(m) for m in prompts(requests)))
+    elapsed = time.perf_counter() - start
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()
+    return sum(counts) / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    engine_config = EngineConfig(
+        model=resolve_base_model(args.model), max_model_len=1024, cpu_threads=args.threads
+    )
+    direct = asyncio.run(direct_tokens_per_second(engine_config, args.requests, args.max_tokens))
+    served = asyncio.run(serve_tokens_per_second(engine_config, args.requests, args.max_tokens))
+    ratio = served / direct
+    print_table(
+        f"{args.requests} concurrent chat requests x {args.max_tokens} tokens, {args.model}, "
+        f"{args.threads} engine thread(s)",
+        ["path", "output tok/s"],
+        [["vLLM AsyncLLM direct", direct], ["art-ray Serve + openai client", served], ["ratio", ratio]],
+    )
+    print_result(
+        {
+            "bench": "serve_overhead",
+            "ratio": round(ratio, 3),
+            "direct_tok_s": round(direct, 1),
+            "serve_tok_s": round(served, 1),
+            "requests": args.requests,
+            "max_tokens": args.max_tokens,
+            "model": args.model,
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()

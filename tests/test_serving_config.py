@@ -1,0 +1,73 @@
+"""Pure configuration logic of the serving layer (no engine)."""
+
+from pathlib import Path
+
+import pydantic
+import pytest
+import yaml
+
+from art_ray.adapters.lora_files import InvalidModelNameError, parse_versioned_name, versioned_name
+from art_ray.serving.config import ServingConfig
+from art_ray.serving.engine_config import EngineConfig
+
+
+def test_engine_kwargs_for_cpu_and_gpu() -> None:
+    cpu = EngineConfig(model="/m", device="cpu", cpu_threads=1)
+    assert cpu.vllm_kwargs()["dtype"] == "float32"
+    assert cpu.vllm_kwargs()["enforce_eager"] is True
+    assert "tensor_parallel_size" not in cpu.vllm_kwargs()
+    assert cpu.env_vars() == {
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "OMP_NUM_THREADS": "1",
+    }
+    gpu = EngineConfig(model="/m", device="gpu", tensor_parallel_size=2, gpu_memory_utilization=0.7)
+    kwargs = gpu.vllm_kwargs()
+    assert (kwargs["dtype"], kwargs["tensor_parallel_size"], kwargs["gpu_memory_utilization"]) == (
+        "auto",
+        2,
+        0.7,
+    )
+    assert kwargs["enforce_eager"] is False
+    assert gpu.env_vars() == {}
+
+
+def test_vllm_namespace_accepts_every_engine_kwarg() -> None:
+    from art_ray.serving.vllm_app import BASE_MODEL_NAME, vllm_namespace
+
+    config = ServingConfig(engine=EngineConfig(model="/m", device="cpu"), api_key="k")
+    args = vllm_namespace(config)
+    assert args.model == "/m" and args.enable_lora is True and args.dtype == "float32"
+    assert args.served_model_name == [BASE_MODEL_NAME] and args.api_key == ["k"]
+    with pytest.raises(ValueError, match="unknown vLLM engine argument"):
+        vllm_namespace(ServingConfig(engine=EngineConfig(model="/m", extra_engine_kwargs={"no_such_arg": 1})))
+
+
+def test_keep_versions_cannot_exceed_lora_slots() -> None:
+    with pytest.raises(pydantic.ValidationError, match="exceeds engine.max_loras"):
+        ServingConfig(engine=EngineConfig(model="/m", max_loras=2), keep_versions=3)
+
+
+@pytest.mark.parametrize("bad", ["", "../x", "a/b", "x@", "x@-1", "x@1.5", "-x", "a..b", "x" * 200])
+def test_invalid_model_names_are_rejected(bad: str) -> None:
+    with pytest.raises(InvalidModelNameError):
+        parse_versioned_name(bad)
+
+
+def test_versioned_names_round_trip() -> None:
+    assert parse_versioned_name(versioned_name("agent-1.v2", 12)) == ("agent-1.v2", 12)
+    assert parse_versioned_name("agent") == ("agent", None)
+
+
+def test_serve_config_file_builds_an_application() -> None:
+    from ray import serve
+
+    from art_ray.serving.entrypoint import app_builder
+
+    config = yaml.safe_load((Path(__file__).parent.parent / "deploy" / "serve_config.yaml").read_text())
+    args = config["applications"][0]["args"]
+    args["engine"]["model"] = "/some/local/model"
+    assert isinstance(app_builder(args), serve.Application)
+    with pytest.raises(pydantic.ValidationError):
+        app_builder({"engine": {"model": "/m"}, "num_replicas": 0})
