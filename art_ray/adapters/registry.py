@@ -49,6 +49,8 @@ class LoRARegistry:
         self._keep_versions = keep_versions
         self._versions: dict[str, dict[int, AdapterVersion]] = {}
         self._subscriptions: dict[tuple[str, str], Subscription] = {}
+        # Building a handle starts a router and its long poll (~100 ms): keep one per deployment.
+        self._handles: dict[tuple[str, str], Any] = {}
 
     def subscribe(self, app_name: str, deployment_name: str) -> None:
         self._subscriptions[(app_name, deployment_name)] = Subscription(
@@ -57,6 +59,7 @@ class LoRARegistry:
 
     def unsubscribe(self, app_name: str, deployment_name: str) -> None:
         self._subscriptions.pop((app_name, deployment_name), None)
+        self._handles.pop((app_name, deployment_name), None)
 
     def latest(self, model: str) -> AdapterVersion | None:
         versions = self._versions.get(model)
@@ -97,9 +100,13 @@ class LoRARegistry:
         from ray import serve
 
         async def push(subscription: Subscription) -> int:
+            key = (subscription.app_name, subscription.deployment_name)
             try:
-                handle = serve.get_deployment_handle(subscription.deployment_name, subscription.app_name)
-                response = handle.broadcast("load_adapter", version)
+                if key not in self._handles:
+                    self._handles[key] = serve.get_deployment_handle(
+                        subscription.deployment_name, subscription.app_name
+                    )
+                response = self._handles[key].broadcast("load_adapter", version)
             except Exception as error:  # the app was deleted: nobody to serve it there any more
                 logger.warning("dropping subscription %s: %s", subscription, error)
                 self.unsubscribe(subscription.app_name, subscription.deployment_name)

@@ -1,0 +1,202 @@
+"""Trajectory groups -> token sequences -> packed rows: what one GRPO step trains on.
+
+Every assistant choice contributes the exact token ids the engine sampled, with their logprobs; the
+context in front of it is the prompt the engine saw (the choice's `prompt_token_ids`), or the chat
+template's rendering when the server did not return it. Nothing the model wrote is re-tokenized.
+
+Multi-turn drift: the server renders turn k+1's prompt from the text of turn k, and that re-rendering
+may not reproduce turn k's sampled ids. Training the turns as one sequence would then condition turn
+k+1 on tokens the model never saw. As verl and ART recommend, trust the engine's ids: the sequence is
+cut there and turn k+1 starts a new sequence on exactly the prompt it was sampled from; the cut is
+counted in `data/tokenization_drift`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from art_ray.trainer.loss import group_advantages
+from art_ray.trajectories import Trajectory, TrajectoryGroup, sampled_tokens
+
+
+@dataclass
+class TokenSequence:
+    """One causal sequence: context tokens (not trained) and sampled tokens (trained)."""
+
+    input_ids: list[int] = field(default_factory=list)
+    trainable: list[bool] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # NaN on context tokens
+    advantage: float = 0.0
+    weight: float = 0.0  # per trainable token
+    trajectory_id: int = 0
+
+    def extend(self, ids: list[int], logprobs: list[float] | None = None) -> None:
+        self.input_ids.extend(ids)
+        self.trainable.extend([logprobs is not None] * len(ids))
+        self.logprobs.extend(logprobs if logprobs is not None else [math.nan] * len(ids))
+
+    @property
+    def num_trainable(self) -> int:
+        return sum(self.trainable)
+
+
+@dataclass
+class TokenizeStats:
+    num_groups: int = 0
+    num_groups_trainable: int = 0
+    num_trajectories: int = 0
+    tokenization_drift: int = 0
+    trainable_tokens: int = 0
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "data/step_num_groups": float(self.num_groups),
+            "data/step_num_groups_trainable": float(self.num_groups_trainable),
+            "data/step_num_trajectories": float(self.num_trajectories),
+            "data/tokenization_drift": float(self.tokenization_drift),
+            "data/step_trainable_tokens": float(self.trainable_tokens),
+        }
+
+
+def _render(tokenizer: Any, messages: list[dict], tools: list[dict] | None) -> list[int]:
+    rendered = tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=False
+    )
+    return tokenizer.encode(rendered, add_special_tokens=False)
+
+
+def history_sequences(
+    messages_and_choices: list, tools: list[dict] | None, tokenizer: Any, stats: TokenizeStats
+) -> list[TokenSequence]:
+    """The sequences of one conversation (one, unless multi-turn drift forces a cut)."""
+    from openai.types.chat.chat_completion import Choice
+
+    from art_ray.trajectories import get_messages
+
+    messages = get_messages(messages_and_choices)
+    sequences: list[TokenSequence] = []
+    current = TokenSequence()
+    for index, item in enumerate(messages_and_choices):
+        if not isinstance(item, Choice):
+            continue
+        tokens = sampled_tokens(item)
+        prompt = tokens.prompt_token_ids or _render(tokenizer, messages[:index], tools)
+        if prompt[: len(current.input_ids)] != current.input_ids:
+            stats.tokenization_drift += 1
+            sequences.append(current)
+            current = TokenSequence()
+        current.extend(prompt[len(current.input_ids) :])
+        current.extend(tokens.token_ids, tokens.logprobs)
+    sequences.append(current)
+    return [sequence for sequence in sequences if sequence.num_trainable]
+
+
+def tokenize_groups(
+    groups: list[TrajectoryGroup], tokenizer: Any, scale_rewards: bool = True
+) -> tuple[list[TokenSequence], TokenizeStats]:
+    """Sequences of every trainable group, each token weighted so that every trajectory counts the same."""
+    stats = TokenizeStats(num_groups=len(groups))
+    trajectories: list[tuple[Trajectory, float]] = []
+    for group in groups:
+        advantages = group_advantages(group.rewards, scale=scale_rewards)
+        if advantages is None:
+            continue
+        stats.num_groups_trainable += 1
+        trajectories.extend(
+            (trajectory, advantage)
+            for trajectory, advantage in zip(group.trajectories, advantages, strict=True)
+            if advantage != 0.0
+        )
+    sequences: list[TokenSequence] = []
+    for trajectory_id, (trajectory, advantage) in enumerate(trajectories):
+        own: list[TokenSequence] = []
+        for history in trajectory.histories():
+            own.extend(history_sequences(history.messages_and_choices, history.tools, tokenizer, stats))
+        tokens = sum(sequence.num_trainable for sequence in own)
+        for sequence in own:
+            sequence.advantage = advantage
+            sequence.trajectory_id = trajectory_id
+            sequence.weight = 1.0 / (tokens * len(trajectories))
+        sequences.extend(own)
+        stats.num_trajectories += 1 if own else 0
+        stats.trainable_tokens += tokens
+    return sequences, stats
+
+
+@dataclass
+class PackedRow:
+    """Several sequences in one row; `segment_ids` keeps attention inside each (0 = padding)."""
+
+    input_ids: list[int]
+    position_ids: list[int]
+    segment_ids: list[int]
+    # Targets are shifted: index t holds the data for predicting input_ids[t + 1].
+    target_ids: list[int]
+    old_logprobs: list[float]
+    advantages: list[float]
+    weights: list[float]
+
+
+def pack_sequences(sequences: list[TokenSequence], row_length: int) -> list[PackedRow]:
+    """First-fit-decreasing packing; padding only at each row's tail. A sequence longer than a row is an
+    error: cutting its context or its sampled tokens would train on something the model never saw."""
+    for sequence in sequences:
+        if len(sequence.input_ids) > row_length:
+            raise ValueError(
+                f"a sequence of {len(sequence.input_ids)} tokens does not fit sequence_length={row_length}: "
+                "raise the trainer's sequence_length"
+            )
+    rows: list[list[TokenSequence]] = []
+    space: list[int] = []
+    for sequence in sorted(sequences, key=lambda s: len(s.input_ids), reverse=True):
+        for index, free in enumerate(space):
+            if free >= len(sequence.input_ids):
+                rows[index].append(sequence)
+                space[index] -= len(sequence.input_ids)
+                break
+        else:
+            rows.append([sequence])
+            space.append(row_length - len(sequence.input_ids))
+    return [_pack_row(members, row_length) for members in rows]
+
+
+def _pack_row(members: list[TokenSequence], row_length: int) -> PackedRow:
+    row = PackedRow([], [], [], [], [], [], [])
+    for segment, sequence in enumerate(members, start=1):
+        n = len(sequence.input_ids)
+        row.input_ids.extend(sequence.input_ids)
+        row.position_ids.extend(range(n))
+        row.segment_ids.extend([segment] * n)
+        # the token at t+1 is predicted at t; the last position of a sequence predicts nothing
+        row.target_ids.extend([*sequence.input_ids[1:], 0])
+        shifted_trainable = [*sequence.trainable[1:], False]
+        shifted_logprobs = [*sequence.logprobs[1:], math.nan]
+        row.old_logprobs.extend(
+            lp if t else 0.0 for lp, t in zip(shifted_logprobs, shifted_trainable, strict=True)
+        )
+        row.advantages.extend(sequence.advantage if t else 0.0 for t in shifted_trainable)
+        row.weights.extend(sequence.weight if t else 0.0 for t in shifted_trainable)
+    padding = row_length - len(row.input_ids)
+    row.input_ids.extend([0] * padding)
+    row.position_ids.extend([0] * padding)
+    row.segment_ids.extend([0] * padding)
+    row.target_ids.extend([0] * padding)
+    row.old_logprobs.extend([0.0] * padding)
+    row.advantages.extend([0.0] * padding)
+    row.weights.extend([0.0] * padding)
+    return row
+
+
+def segment_attention_mask(segment_ids: Any) -> Any:
+    """Boolean [batch, 1, L, L] mask: causal, and only within the same segment. Padding attends to
+    itself alone, so no softmax row is empty."""
+    import torch
+
+    same = segment_ids.unsqueeze(-1) == segment_ids.unsqueeze(-2)
+    length = segment_ids.shape[-1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=segment_ids.device).tril()
+    allowed = same & causal & (segment_ids != 0).unsqueeze(-1)
+    allowed |= torch.eye(length, dtype=torch.bool, device=segment_ids.device)
+    return allowed.unsqueeze(1)

@@ -1,0 +1,199 @@
+"""Batch building with exact sampled ids, drift handling, and packing that keeps sequences apart."""
+
+import math
+
+import pytest
+import torch
+from factories import served_choice
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from art_ray import History, Trajectory, TrajectoryGroup
+from art_ray.models import TINY, prepare
+from art_ray.trainer.batches import (
+    TokenizeStats,
+    history_sequences,
+    pack_sequences,
+    segment_attention_mask,
+    tokenize_groups,
+)
+from art_ray.trainer.loss import token_logprobs
+
+TOOL_CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "add", "arguments": '{"a": 40, "b": 2}'},
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(prepare(TINY))
+
+
+def render(tokenizer, messages) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def tool_trajectory(tokenizer, drift: bool = False) -> tuple[Trajectory, dict]:
+    context = [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "What is 40 + 2?"}]
+    prompt1 = render(tokenizer, context)
+    sampled1 = tokenizer.encode('<tool_call>{"name": "add"}</tool_call><|im_end|>', add_special_tokens=False)
+    tool_turn = tokenizer.encode(
+        "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+    )
+    prompt2 = prompt1 + sampled1 + tool_turn
+    if drift:  # the server re-rendered turn 1 differently from what was sampled
+        prompt2 = prompt1 + sampled1[:-2] + tool_turn
+    sampled2 = tokenizer.encode("The answer is 42.<|im_end|>", add_special_tokens=False)
+    logprobs1 = tuple(-0.1 * (i + 1) for i in range(len(sampled1)))
+    logprobs2 = tuple(-0.05 * (i + 1) for i in range(len(sampled2)))
+    trajectory = Trajectory(
+        messages_and_choices=[
+            *context,
+            served_choice("", tuple(sampled1), logprobs1, tuple(prompt1), tool_calls=[TOOL_CALL]),
+            {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+            served_choice("The answer is 42.", tuple(sampled2), logprobs2, tuple(prompt2)),
+        ],
+        reward=1.0,
+    )
+    parts = {
+        "prompt1": prompt1,
+        "sampled1": sampled1,
+        "tool_turn": tool_turn,
+        "sampled2": sampled2,
+        "logprobs1": logprobs1,
+        "logprobs2": logprobs2,
+    }
+    return trajectory, parts
+
+
+def test_multi_turn_tool_trajectory_keeps_exact_sampled_ids_and_masks_only_assistant_tokens(
+    tokenizer,
+) -> None:
+    trajectory, p = tool_trajectory(tokenizer)
+    stats = TokenizeStats()
+    [sequence] = history_sequences(trajectory.messages_and_choices, None, tokenizer, stats)
+    assert sequence.input_ids == p["prompt1"] + p["sampled1"] + p["tool_turn"] + p["sampled2"]
+    expected_mask = (
+        [False] * len(p["prompt1"])
+        + [True] * len(p["sampled1"])
+        + [False] * len(p["tool_turn"])
+        + [True] * len(p["sampled2"])
+    )
+    assert sequence.trainable == expected_mask
+    trained = [lp for lp, t in zip(sequence.logprobs, sequence.trainable, strict=True) if t]
+    assert trained == pytest.approx([*p["logprobs1"], *p["logprobs2"]])
+    assert all(math.isnan(lp) for lp, t in zip(sequence.logprobs, sequence.trainable, strict=True) if not t)
+    assert stats.tokenization_drift == 0
+
+
+def test_drifted_context_starts_a_new_sequence_and_is_counted(tokenizer) -> None:
+    trajectory, p = tool_trajectory(tokenizer, drift=True)
+    stats = TokenizeStats()
+    first, second = history_sequences(trajectory.messages_and_choices, None, tokenizer, stats)
+    assert stats.tokenization_drift == 1
+    assert first.input_ids == p["prompt1"] + p["sampled1"]
+    assert second.input_ids == p["prompt1"] + p["sampled1"][:-2] + p["tool_turn"] + p["sampled2"]
+    assert second.num_trainable == len(p["sampled2"])
+
+
+def test_choice_without_prompt_ids_uses_the_chat_template(tokenizer) -> None:
+    messages = [{"role": "user", "content": "Hi"}]
+    choice = served_choice("Hello", (19556, 2), (-0.3, -0.2), prompt_token_ids=None)
+    [sequence] = history_sequences([*messages, choice], None, tokenizer, TokenizeStats())
+    assert sequence.input_ids == render(tokenizer, messages) + [19556, 2]
+
+
+def test_groups_weights_advantages_and_zero_variance(tokenizer) -> None:
+    short, _ = tool_trajectory(tokenizer)
+    long = short.model_copy(deep=True)
+    long.messages_and_choices.append({"role": "user", "content": "again"})
+    short.reward, long.reward = 0.0, 1.0
+    history = Trajectory(messages_and_choices=[{"role": "user", "content": "x"}, served_choice()], reward=1.0)
+    extra = Trajectory(
+        messages_and_choices=[
+            {"role": "user", "content": "y"},
+            served_choice(token_ids=(5, 6, 7), logprobs=(-1, -1, -1)),
+        ],
+        additional_histories=[History(messages_and_choices=history.messages_and_choices)],
+        reward=0.5,
+    )
+    flat = TrajectoryGroup([history, history.model_copy(deep=True)])  # all rewards equal
+    sequences, stats = tokenize_groups([TrajectoryGroup([short, long, extra]), flat], tokenizer)
+    assert stats.num_groups == 2 and stats.num_groups_trainable == 1
+    # extra has advantage 0 (it is the group mean) and drops out; its histories would share its weight
+    assert stats.num_trajectories == 2
+    per_trajectory: dict[int, float] = {}
+    for sequence in sequences:
+        per_trajectory[sequence.trajectory_id] = per_trajectory.get(sequence.trajectory_id, 0) + (
+            sequence.weight * sequence.num_trainable
+        )
+    assert sorted(per_trajectory.values()) == pytest.approx([0.5, 0.5])  # the batch sums to 1
+    assert sorted(s.advantage for s in sequences) == pytest.approx([-1.2247, 1.2247], abs=1e-3)
+
+
+def test_additional_histories_share_the_trajectory_weight(tokenizer) -> None:
+    main = Trajectory(
+        messages_and_choices=[
+            {"role": "user", "content": "a"},
+            served_choice(token_ids=(5, 6), logprobs=(-1, -1)),
+        ],
+        additional_histories=[
+            {
+                "messages_and_choices": [
+                    {"role": "user", "content": "b"},
+                    served_choice(token_ids=(7,), logprobs=(-1,)),
+                ]
+            }
+        ],
+        reward=1.0,
+    )
+    other = Trajectory(messages_and_choices=[{"role": "user", "content": "c"}, served_choice()], reward=0.0)
+    sequences, _ = tokenize_groups([TrajectoryGroup([main, other])], tokenizer)
+    mains = [s for s in sequences if s.advantage > 0]
+    assert len(mains) == 2
+    assert sum(s.weight * s.num_trainable for s in mains) == pytest.approx(0.5)
+
+
+def test_packing_keeps_sequences_separate(tokenizer) -> None:
+    model = AutoModelForCausalLM.from_pretrained(
+        prepare(TINY), dtype=torch.float32, attn_implementation="sdpa"
+    )
+    trajectory, _ = tool_trajectory(tokenizer)
+    drifted, _ = tool_trajectory(tokenizer, drift=True)
+    stats = TokenizeStats()
+    sequences = history_sequences(trajectory.messages_and_choices, None, tokenizer, stats)
+    sequences += history_sequences(drifted.messages_and_choices, None, tokenizer, stats)
+    for sequence in sequences:
+        sequence.weight, sequence.advantage = 1.0, 1.0
+    row_length = sum(len(s.input_ids) for s in sequences) + 5
+    [row] = pack_sequences(sequences, row_length)
+    assert len(row.input_ids) == row_length and row.segment_ids[-5:] == [0] * 5
+    with torch.no_grad():
+        ids = torch.tensor([row.input_ids])
+        segments = torch.tensor([row.segment_ids])
+        logits = model(
+            input_ids=ids,
+            position_ids=torch.tensor([row.position_ids]),
+            attention_mask=segment_attention_mask(segments),
+        ).logits
+        packed = token_logprobs(logits, torch.tensor([row.target_ids]))[0]
+        alone = []
+        for sequence in sorted(sequences, key=lambda s: len(s.input_ids), reverse=True):
+            seq_ids = torch.tensor([sequence.input_ids])
+            seq_logits = model(input_ids=seq_ids).logits
+            alone.append(token_logprobs(seq_logits[:, :-1], seq_ids[:, 1:])[0])
+    offset = 0
+    for values in alone:
+        torch.testing.assert_close(packed[offset : offset + len(values)], values, atol=1e-5, rtol=1e-5)
+        offset += len(values) + 1
+    trained = [w > 0 for w in row.weights]
+    assert sum(trained) == sum(s.num_trainable for s in sequences)
+
+
+def test_sequence_longer_than_a_row_is_an_error(tokenizer) -> None:
+    trajectory, _ = tool_trajectory(tokenizer)
+    sequences = history_sequences(trajectory.messages_and_choices, None, tokenizer, TokenizeStats())
+    with pytest.raises(ValueError, match="raise the trainer's sequence_length"):
+        pack_sequences(sequences, 8)

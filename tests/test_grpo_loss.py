@@ -1,0 +1,95 @@
+"""GRPO math against a plain-Python reference on hand-built tensors."""
+
+import math
+
+import pytest
+import torch
+
+from art_ray.train_config import TrainConfig
+from art_ray.trainer.loss import group_advantages, policy_loss
+
+
+def reference_advantages(rewards: list[float], scale: bool) -> list[float] | None:
+    mean = sum(rewards) / len(rewards)
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+    if std < 1e-6:
+        return None
+    return [(r - mean) / (std + 1e-6) if scale else r - mean for r in rewards]
+
+
+def reference_loss(logp, old, adv, w, config: TrainConfig, ref=None) -> tuple[float, float, float]:
+    policy = kl = clipped_weight = 0.0
+    for lp, olp, a, weight, rlp in zip(logp, old, adv, w, ref or [0.0] * len(logp), strict=True):
+        if weight == 0:
+            continue
+        ratio = math.exp(lp - olp)
+        clipped = min(max(ratio, 1 - config.epsilon), 1 + config.clip_high)
+        if config.policy_loss == "ppo":
+            objective = min(ratio * a, clipped * a)
+            clipped_weight += weight if clipped * a < ratio * a else 0.0
+        else:
+            objective = clipped * a * lp
+            clipped_weight += weight if clipped != ratio else 0.0
+        policy += -objective * weight
+        if ref is not None:
+            kl += (math.exp(rlp - lp) - (rlp - lp) - 1) * weight
+    return policy, kl, clipped_weight / sum(w)
+
+
+@pytest.mark.parametrize("scale", [True, False])
+def test_group_advantages_match_reference(scale: bool) -> None:
+    rewards = [0.0, 1.0, 0.5, 1.0]
+    assert group_advantages(rewards, scale) == pytest.approx(reference_advantages(rewards, scale))
+
+
+def test_zero_variance_and_single_member_groups_have_no_advantages() -> None:
+    assert group_advantages([1.0, 1.0, 1.0]) is None
+    assert group_advantages([0.3]) is None
+
+
+LOGP = [-1.0, -0.5, -2.0, -0.1, -3.0]
+# old logprobs chosen so ratios are ~1 (inside the clip), 1.65 (above), 0.37 (below), and context
+OLD_INSIDE = [-1.05, -0.45, -2.0, -0.1, -3.0]
+OLD_CLIPPING = [-1.5, -0.5, -1.0, -0.1, -3.0]
+ADV = [1.0, 1.0, -1.0, -1.0, 0.5]
+WEIGHTS = [0.25, 0.25, 0.25, 0.25, 0.0]  # last token is context
+
+
+@pytest.mark.parametrize("loss_kind", ["ppo", "cispo"])
+@pytest.mark.parametrize("old", [OLD_INSIDE, OLD_CLIPPING], ids=["clip-inactive", "clip-active"])
+@pytest.mark.parametrize("beta", [0.0, 0.1], ids=["kl-off", "kl-on"])
+def test_policy_loss_matches_reference(loss_kind: str, old: list[float], beta: float) -> None:
+    config = TrainConfig(policy_loss=loss_kind, epsilon=0.2, epsilon_high=0.28, beta=beta)
+    ref = [-1.2, -0.4, -2.5, -0.3, -3.0] if beta else None
+    logp = torch.tensor(LOGP, requires_grad=True)
+    result = policy_loss(
+        logp,
+        torch.tensor(old),
+        torch.tensor(ADV),
+        torch.tensor(WEIGHTS),
+        config,
+        None if ref is None else torch.tensor(ref),
+    )
+    expected_policy, expected_kl, expected_clip = reference_loss(LOGP, old, ADV, WEIGHTS, config, ref)
+    assert result.policy_loss.item() == pytest.approx(expected_policy, rel=1e-5)
+    assert result.kl.item() == pytest.approx(expected_kl, rel=1e-5, abs=1e-7)
+    assert result.loss.item() == pytest.approx(expected_policy + beta * expected_kl, rel=1e-5)
+    assert result.clip_fraction.item() == pytest.approx(expected_clip)
+    assert result.trained_tokens.item() == 4
+    result.loss.backward()
+    assert logp.grad[4] == 0  # context gets no gradient
+    if old is OLD_CLIPPING and loss_kind == "ppo" and beta == 0:
+        # ratio 1.65 with A > 0 is clipped: no gradient through that token
+        assert logp.grad[0] == 0
+        assert result.clip_fraction.item() > 0
+    if old is OLD_INSIDE:
+        assert result.clip_fraction.item() == 0
+
+
+def test_clipped_cispo_tokens_still_get_gradient() -> None:
+    config = TrainConfig(policy_loss="cispo")
+    logp = torch.tensor(LOGP, requires_grad=True)
+    policy_loss(
+        logp, torch.tensor(OLD_CLIPPING), torch.tensor(ADV), torch.tensor(WEIGHTS), config
+    ).loss.backward()
+    assert logp.grad[0] != 0
