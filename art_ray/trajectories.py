@@ -250,6 +250,8 @@ class TrajectoryGroup(pydantic.BaseModel):
         exceptions: Iterable[BaseException | PydanticException | dict[str, Any]] = (),
         **data: Any,
     ) -> None:
+        if not isinstance(trajectories, list | tuple) and "trajectories" in self.__dict__:
+            return  # __new__ already built the group from this iterator, which is now consumed
         items = list(trajectories)
         found = [item for item in items if isinstance(item, BaseException)]
         recorded = [
@@ -268,7 +270,10 @@ class TrajectoryGroup(pydantic.BaseModel):
         items = trajectories if isinstance(trajectories, list | tuple) else list(trajectories)
         if any(isinstance(item, Awaitable) for item in items):
             return PendingTrajectoryGroup(list(items), **kwargs)
-        return super().__new__(cls)
+        group = super().__new__(cls)
+        if items is not trajectories:  # an iterator: build now, while its items are at hand
+            group.__init__(list(items), **kwargs)
+        return group
 
     def __iter__(self) -> Iterator[Trajectory]:  # type: ignore[override]
         return iter(self.trajectories)

@@ -145,3 +145,11 @@ def test_train_config_defaults_and_validation() -> None:
         TrainConfig(learning_rate=-1)
     with pytest.raises(pydantic.ValidationError):
         TrainConfig(lerning_rate=1e-4)
+
+
+def test_group_from_a_generator_keeps_its_trajectories_and_exceptions() -> None:
+    items = (item for item in [make_trajectory(0.0), ValueError("lost"), make_trajectory(1.0)])
+    group = TrajectoryGroup(items, metadata={"k": 1})
+    assert group.rewards == [0.0, 1.0]
+    assert [e.message for e in group.exceptions] == ["lost"]
+    assert group.metadata == {"k": 1}

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pydantic
 import torch
 
@@ -108,3 +110,34 @@ def write_peft_adapter(
     config = {key: (sorted(value) if isinstance(value, set) else value) for key, value in config.items()}
     (folder / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, default=str))
     return folder
+
+
+@dataclass(frozen=True)
+class PackedAdapter:
+    """Adapter tensors as one flat float32 array: Ray serializes a numpy array without pickling it and
+    reads it back zero-copy from the object store (a dict of ~100 torch tensors took ~5x longer)."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    flat: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.flat.nbytes)
+
+
+def pack_adapter(tensors: dict[str, torch.Tensor]) -> PackedAdapter:
+    names = tuple(sorted(tensors))
+    flat = torch.cat([tensors[name].detach().float().reshape(-1).cpu() for name in names]).numpy()
+    return PackedAdapter(names, tuple(tuple(tensors[name].shape) for name in names), flat)
+
+
+def unpack_adapter(packed: PackedAdapter) -> dict[str, torch.Tensor]:
+    # a copy: the array Ray hands back is a read-only view of the object store
+    flat = torch.from_numpy(np.array(packed.flat, copy=True))
+    tensors, offset = {}, 0
+    for name, shape in zip(packed.names, packed.shapes, strict=True):
+        size = math.prod(shape)
+        tensors[name] = flat[offset : offset + size].view(shape)
+        offset += size
+    return tensors

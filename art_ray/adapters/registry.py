@@ -17,7 +17,7 @@ from typing import Any
 import pydantic
 import ray
 
-from art_ray.adapters.lora_files import LoRASpec, validate_model_name
+from art_ray.adapters.lora_files import LoRASpec, PackedAdapter, pack_adapter, validate_model_name
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ REGISTRY_NAMESPACE = "art_ray"
 
 
 class AdapterVersion(pydantic.BaseModel):
-    """One published LoRA version. `tensors` is an ObjectRef to a dict of PEFT state-dict tensors."""
+    """One published LoRA version. `tensors` is an ObjectRef to a PackedAdapter (PEFT state-dict keys)."""
 
     model_config = pydantic.ConfigDict(arbitrary_types_allowed=True, frozen=True)
 
@@ -80,7 +80,7 @@ class LoRARegistry:
         step: int,
         base_model: str,
         lora: dict,
-        tensors: dict,
+        tensors: PackedAdapter,
         timeout_s: float = 300.0,
     ) -> dict[str, int]:
         """Record a version and return when every live replica serves it: {"replicas": n}."""
@@ -132,5 +132,6 @@ async def publish_adapter(
 ) -> int:
     """Publish a version and wait until every live replica serves it; returns the replica count."""
     registry = get_registry()
-    result = await registry.publish.remote(model, step, base_model, lora.model_dump(), tensors, timeout_s)
+    packed = pack_adapter(tensors)
+    result = await registry.publish.remote(model, step, base_model, lora.model_dump(), packed, timeout_s)
     return result["replicas"]

@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from art_ray.adapters.lora_files import versioned_name, write_peft_adapter
+from art_ray.adapters.lora_files import unpack_adapter, versioned_name, write_peft_adapter
 from art_ray.adapters.registry import AdapterVersion
 
 logger = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class AdapterStore:
                 if loaded[version.step][0] == ref_id:
                     return False
                 await self._unload(version.model, version.step)  # same step republished with new weights
-            tensors = await version.tensors
+            tensors = unpack_adapter(await version.tensors)
             # A fresh folder per version: vLLM keys its prefix cache on (adapter name, path).
             folder = self._folder / version.model / f"{version.step:06d}-{uuid.uuid4().hex[:8]}"
             await asyncio.to_thread(write_peft_adapter, folder, tensors, version.lora, version.base_model)

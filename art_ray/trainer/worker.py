@@ -1,0 +1,259 @@
+"""One trainer rank: a DeepSpeed engine around a PEFT LoRA model of the base model (a Ray actor)."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import ray
+import torch
+
+from art_ray.train_config import TrainConfig
+from art_ray.trainer.batches import PackedRow, pack_sequences, segment_attention_mask, tokenize_groups
+from art_ray.trainer.config import TrainerConfig
+from art_ray.trainer.loss import policy_loss, token_entropy, token_logprobs
+from art_ray.trajectories import TrajectoryGroup
+
+CLIENT_STATE_STEP = "art_ray_step"
+
+
+def _device(config: TrainerConfig) -> str:
+    if config.device == "auto":
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    return config.device
+
+
+def deepspeed_config(config: TrainerConfig, on_gpu: bool) -> dict[str, Any]:
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        # Rows per rank vary from step to step: we own the accumulation boundary (engine.step()).
+        "managed_gradient_accumulation": False,
+        "zero_optimization": {"stage": config.zero_stage},
+        "bf16": {"enabled": on_gpu},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+class TrainerWorker:
+    """Made remote by the trainer group (`ray.remote(TrainerWorker)`): the plain class stays importable,
+    so Ray pickles it by reference instead of by value with torch's module state."""
+
+    def __init__(self, config: TrainerConfig, rank: int) -> None:
+        self.config = config
+        self.rank = rank
+        torch.set_num_threads(config.torch_threads)
+        torch.manual_seed(config.seed)
+        self.on_gpu = _device(config) == "gpu"
+        self.engine: Any = None
+        self.tokenizer: Any = None
+        self.step = 0
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0's address and a free port for the process group."""
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def setup(self, master_addr: str, master_port: int) -> None:
+        # DeepSpeed tries MPI discovery unless these are set, inside Ray actors too.
+        os.environ.update(
+            {
+                "MASTER_ADDR": master_addr,
+                "MASTER_PORT": str(master_port),
+                "RANK": str(self.rank),
+                "WORLD_SIZE": str(self.config.world_size),
+                "LOCAL_RANK": "0" if self.on_gpu else str(self.rank),
+            }
+        )
+        import deepspeed
+        from peft import get_peft_model, set_peft_model_state_dict
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from art_ray.adapters.lora_files import initial_adapter
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.config.base_model)
+        dtype = torch.bfloat16 if self.on_gpu else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(
+            self.config.base_model, dtype=dtype, attn_implementation="sdpa"
+        )
+        model = get_peft_model(model, self.config.lora.peft_config(self.config.base_model))
+        # Start from exactly the step-0 adapter the replicas serve.
+        set_peft_model_state_dict(
+            model, initial_adapter(self.config.base_model, self.config.lora, self.config.seed)
+        )
+        parameters = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(
+            parameters, lr=1e-5, betas=self.config.adam_betas, weight_decay=self.config.weight_decay
+        )
+        deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo")
+        self.engine, *_ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=deepspeed_config(self.config, self.on_gpu)
+        )
+
+    # --- training -------------------------------------------------------------------------------
+
+    def train(self, groups: list[TrajectoryGroup], train_config: TrainConfig) -> Iterator[dict[str, float]]:
+        """One train call: yields the metrics of each gradient step (identical on every rank)."""
+        sequences, stats = tokenize_groups(groups, self.tokenizer, scale_rewards=train_config.scale_rewards)
+        steps = max(1, min(train_config.num_gradient_steps, len(sequences)))
+        if not sequences:
+            self.step += 1
+            yield {**stats.metrics(), "train/nothing_trainable": 1.0}
+            return
+        # Split by trajectory so a trajectory's sequences stay in one gradient step.
+        trajectory_ids = sorted({s.trajectory_id for s in sequences})
+        chunk = math.ceil(len(trajectory_ids) / steps)
+        for step_index in range(steps):
+            members = set(trajectory_ids[step_index * chunk : (step_index + 1) * chunk])
+            step_sequences = [s for s in sequences if s.trajectory_id in members]
+            if not step_sequences:
+                continue
+            total = sum(s.weight * s.num_trainable for s in step_sequences)
+            for sequence in step_sequences:
+                sequence.weight /= total  # every gradient step's weights sum to 1
+            rows = pack_sequences(step_sequences, self.config.sequence_length)
+            metrics = self._gradient_step(rows[self.rank :: self.config.world_size], train_config)
+            metrics.update(stats.metrics())
+            metrics["train/gradient_step"] = float(step_index)
+            yield metrics
+        self.step += 1
+
+    def _gradient_step(self, rows: list[PackedRow], train_config: TrainConfig) -> dict[str, float]:
+        import torch.distributed as dist
+
+        start = time.perf_counter()
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = train_config.learning_rate
+        # Clipping is per train call. With ZeRO 1-2 the optimizer clips and records the norm; at stage 0
+        # the engine calls clip_fp32_gradients (after the all-reduce) only if clipping is on, so it is
+        # always on (a huge bound when disabled) and records the norm it computes.
+        clip = train_config.max_grad_norm or 1e12
+        self.engine.gradient_clipping = lambda: clip
+        if hasattr(self.engine.optimizer, "clip_grad"):
+            self.engine.optimizer.clip_grad = clip
+        self._grad_norm = math.nan
+
+        def clip_and_record() -> None:
+            params = [p for p in self.engine.module.parameters() if p.requires_grad]
+            self._grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm=clip))
+
+        self.engine.clip_fp32_gradients = clip_and_record
+        self.engine.train()
+        totals = torch.zeros(7, dtype=torch.float64)  # loss, policy, kl, clip*w, entropy*w, tokens, weight
+        micro = self.config.micro_batch_rows
+        batches = [rows[i : i + micro] for i in range(0, len(rows), micro)] or [[]]
+        for batch in batches:
+            totals += self._forward_backward(batch, train_config)
+        self.engine.step()
+        dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+        seconds = time.perf_counter() - start
+        loss, policy, kl, clip, entropy, tokens, weight = totals.tolist()
+        grad_norm = self.engine.get_global_grad_norm()
+        if grad_norm is None:  # fp32 at stage 0: the norm our clip_fp32_gradients recorded
+            grad_norm = self._grad_norm
+        return {
+            "loss/train": loss,
+            "loss/policy": policy,
+            "loss/kl": kl,
+            "loss/entropy": entropy / max(weight, 1e-12),
+            "loss/clip_fraction": clip / max(weight, 1e-12),
+            "loss/grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
+            "loss/learning_rate": train_config.learning_rate,
+            "data/trained_tokens": tokens,
+            "throughput/train_tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
+            "time/step_seconds": seconds,
+        }
+
+    def _forward_backward(self, batch: list[PackedRow], train_config: TrainConfig) -> torch.Tensor:
+        if not batch:  # this rank has no rows: a zero-weight row keeps the collective ops in step
+            length = self.config.sequence_length
+            batch = [
+                PackedRow(
+                    [0] * length,
+                    [0] * length,
+                    [0] * length,
+                    [0] * length,
+                    [0.0] * length,
+                    [0.0] * length,
+                    [0.0] * length,
+                )
+            ]
+        device = self.engine.device
+
+        def tensor(name: str, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor([getattr(row, name) for row in batch], dtype=dtype, device=device)
+
+        input_ids, position_ids = tensor("input_ids", torch.long), tensor("position_ids", torch.long)
+        segments, targets = tensor("segment_ids", torch.long), tensor("target_ids", torch.long)
+        old_logprobs, advantages = tensor("old_logprobs", torch.float32), tensor("advantages", torch.float32)
+        weights = tensor("weights", torch.float32)
+        mask = segment_attention_mask(segments)
+        reference = None
+        if train_config.beta > 0:
+            with torch.no_grad(), self.engine.module.disable_adapter():
+                ref_logits = self.engine(
+                    input_ids=input_ids, position_ids=position_ids, attention_mask=mask
+                ).logits
+                reference = token_logprobs(ref_logits, targets)
+        logits = self.engine(input_ids=input_ids, position_ids=position_ids, attention_mask=mask).logits
+        logprobs = token_logprobs(logits, targets)
+        result = policy_loss(logprobs, old_logprobs, advantages, weights, train_config, reference)
+        # DeepSpeed averages gradients over ranks; weights already sum to 1 over the global batch.
+        self.engine.backward(result.loss * self.config.world_size, scale_wrt_gas=False)
+        with torch.no_grad():
+            entropy = (token_entropy(logits) * weights).sum()
+        return torch.tensor(
+            [
+                result.loss.item(),
+                result.policy_loss.item(),
+                result.kl.item(),
+                result.clip_fraction.item() * weights.sum().item(),
+                entropy.item(),
+                result.trained_tokens.item(),
+                weights.sum().item(),
+            ],
+            dtype=torch.float64,
+        )
+
+    # --- adapter and checkpoints ----------------------------------------------------------------
+
+    def adapter_tensors(self) -> dict[str, torch.Tensor]:
+        """The current adapter in PEFT state-dict form (gathered from all ranks under ZeRO-3)."""
+        from peft import get_peft_model_state_dict
+
+        module = self.engine.module
+        if self.config.zero_stage == 3:
+            import deepspeed
+
+            params = [p for p in module.parameters() if p.requires_grad]
+            with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+                state = get_peft_model_state_dict(module)
+                return {name: tensor.detach().float().cpu().clone() for name, tensor in state.items()}
+        state = get_peft_model_state_dict(module)
+        return {name: tensor.detach().float().cpu().clone() for name, tensor in state.items()}
+
+    def save_checkpoint(self, folder: str) -> None:
+        """DeepSpeed state (adapter, optimizer, RNG) on every rank; the PEFT adapter from rank 0."""
+        self.engine.save_checkpoint(
+            folder,
+            tag="deepspeed",
+            client_state={CLIENT_STATE_STEP: self.step},
+            exclude_frozen_parameters=True,
+        )
+
+    def load_checkpoint(self, folder: str) -> int:
+        _, client_state = self.engine.load_checkpoint(
+            folder, tag="deepspeed", load_module_strict=False, load_optimizer_states=True
+        )
+        self.step = int(client_state[CLIENT_STATE_STEP])
+        return self.step
+
+    def get_step(self) -> int:
+        return self.step

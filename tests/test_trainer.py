@@ -1,0 +1,184 @@
+"""The DeepSpeed GRPO trainer group on a real local Ray cluster with the `tiny` model.
+
+Trajectories come from the served model itself (real token ids and logprobs), so the trainer's step-0
+policy and the rollout policy are the same adapter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import openai
+import pytest
+import torch
+
+from art_ray import TrainConfig, Trajectory, TrajectoryGroup, sampled_tokens
+from art_ray.adapters.lora_files import LoRASpec
+from art_ray.trainer.config import TrainerConfig
+from art_ray.trainer.group import TrainerGroup
+
+pytestmark = pytest.mark.slow
+
+SPEC = LoRASpec(r=8, alpha=16)  # the shape the session's app published for step 0
+PROMPTS = ["Name a color.", "Say a number.", "Pick an animal."]
+
+
+def trainer_config(app, name: str, storage, world_size: int = 1) -> TrainerConfig:
+    return TrainerConfig(
+        model=name,
+        project="tests",
+        base_model=app.base_model,
+        lora=SPEC,
+        storage=str(storage),
+        world_size=world_size,
+        num_cpus_per_rank=0.25,
+        sequence_length=256,
+    )
+
+
+def reward(choice) -> float:  # any reward with variance inside a group will do for mechanics
+    return float(sampled_tokens(choice).token_ids[0] % 2)
+
+
+def sample_groups(app, model: str, samples: int = 4) -> list[TrajectoryGroup]:
+    client = openai.OpenAI(base_url=app.base_url, api_key=app.api_key, max_retries=0)
+    groups = []
+    for prompt in PROMPTS:
+        messages = [{"role": "user", "content": prompt}]
+        response = client.chat.completions.create(
+            model=model, messages=messages, n=samples, max_tokens=6, temperature=1.0
+        )
+        groups.append(
+            TrajectoryGroup(
+                Trajectory(messages_and_choices=[*messages, choice], reward=reward(choice))
+                for choice in response.choices
+            )
+        )
+    assert any(len(set(group.rewards)) > 1 for group in groups), [
+        [c.message.content for c in t] for t in [[tr.messages_and_choices[-1] for tr in g] for g in groups]
+    ]
+    return groups
+
+
+def greedy(app, model: str) -> str:
+    client = openai.OpenAI(base_url=app.base_url, api_key=app.api_key, max_retries=0)
+    response = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=8, temperature=0
+    )
+    return response.choices[0].message.content
+
+
+async def run_train(group: TrainerGroup, groups, config: TrainConfig) -> list[dict[str, float]]:
+    return [metrics async for metrics in group.train(groups, config)]
+
+
+@pytest.fixture(scope="module")
+def trainee(inference_app, tmp_path_factory):
+    group = TrainerGroup(trainer_config(inference_app, "trainee", tmp_path_factory.mktemp("trainee")))
+    assert asyncio.run(group.start()) == 0
+    yield group
+    group.shutdown()
+
+
+@pytest.fixture(scope="module")
+def rollouts(inference_app, trainee) -> list[TrajectoryGroup]:
+    return sample_groups(inference_app, "trainee@0")
+
+
+def test_train_streams_metrics_publishes_and_the_served_model_changes(
+    inference_app, trainee, rollouts
+) -> None:
+    before = greedy(inference_app, "trainee")
+    assert before == greedy(inference_app, "trainee@0")
+    metrics = asyncio.run(run_train(trainee, rollouts, TrainConfig(learning_rate=5e-2, num_gradient_steps=2)))
+    steps, summary = metrics[:-1], metrics[-1]
+    assert len(steps) == 2
+    for step in steps:
+        for key in (
+            "loss/train",
+            "loss/policy",
+            "loss/entropy",
+            "loss/grad_norm",
+            "loss/clip_fraction",
+            "data/trained_tokens",
+            "throughput/train_tokens_per_second",
+            "time/step_seconds",
+        ):
+            assert math.isfinite(step[key]), key
+        assert step["loss/grad_norm"] > 0
+        assert step["data/step_num_groups_trainable"] >= 1
+    assert summary["step"] == 1
+    ids = [
+        m.id
+        for m in openai.OpenAI(base_url=inference_app.base_url, api_key=inference_app.api_key).models.list()
+    ]
+    assert "trainee@1" in ids
+    assert greedy(inference_app, "trainee") != before
+    assert greedy(inference_app, "trainee@0") == before
+
+
+async def trained_adapter(app, groups, storage, world_size: int, calls: int = 1) -> dict[str, torch.Tensor]:
+    group = TrainerGroup(trainer_config(app, "equivalence", storage, world_size), publish=False)
+    await group.start()
+    for _ in range(calls):
+        await run_train(group, groups, TrainConfig(learning_rate=1e-2, num_gradient_steps=2))
+    adapter = await group.adapter_tensors()
+    group.shutdown()
+    return adapter
+
+
+def assert_same_adapter(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> None:
+    assert first.keys() == second.keys()
+    for name in first:
+        torch.testing.assert_close(first[name], second[name], atol=1e-6, rtol=1e-5)
+
+
+def test_world_size_2_gives_the_same_adapter_as_world_size_1(inference_app, rollouts, tmp_path) -> None:
+    one = asyncio.run(trained_adapter(inference_app, rollouts, tmp_path / "one", world_size=1))
+    two = asyncio.run(trained_adapter(inference_app, rollouts, tmp_path / "two", world_size=2))
+    assert_same_adapter(one, two)
+    assert any(tensor.abs().sum() > 0 for name, tensor in one.items() if "lora_B" in name)
+
+
+def test_resumed_run_equals_an_uninterrupted_one(inference_app, rollouts, tmp_path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    uninterrupted = asyncio.run(trained_adapter(inference_app, rollouts, tmp_path / "straight", 1, calls=3))
+
+    async def interrupted() -> dict[str, torch.Tensor]:
+        config = trainer_config(inference_app, "equivalence", tmp_path / "resumed")
+        first = TrainerGroup(config, publish=False)
+        await first.start()
+        for _ in range(2):
+            await run_train(first, rollouts, TrainConfig(learning_rate=1e-2, num_gradient_steps=2))
+        first.shutdown()
+        second = TrainerGroup(config, publish=False)
+        assert await second.start() == 2
+        await run_train(second, rollouts, TrainConfig(learning_rate=1e-2, num_gradient_steps=2))
+        adapter = await second.adapter_tensors()
+        second.shutdown()
+        return adapter
+
+    assert_same_adapter(uninterrupted, asyncio.run(interrupted()))
+    checkpoint = tmp_path / "resumed" / "tests" / "models" / "equivalence" / "checkpoints" / "0003"
+    model = AutoModelForCausalLM.from_pretrained(inference_app.base_model)
+    PeftModel.from_pretrained(model, checkpoint / "adapter")  # loadable by peft (and vLLM)
+
+
+def test_nothing_trainable_still_advances_the_step(inference_app, rollouts, tmp_path) -> None:
+    flat = [TrajectoryGroup([t.model_copy(update={"reward": 1.0}) for t in group]) for group in rollouts]
+
+    async def run() -> tuple[list[dict], int]:
+        group = TrainerGroup(trainer_config(inference_app, "flat", tmp_path), publish=False)
+        await group.start()
+        metrics = await run_train(group, flat, TrainConfig())
+        step = group.step
+        group.shutdown()
+        return metrics, step
+
+    metrics, step = asyncio.run(run())
+    assert metrics[0]["train/nothing_trainable"] == 1.0
+    assert metrics[0]["data/step_num_groups_trainable"] == 0
+    assert step == 1
