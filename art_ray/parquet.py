@@ -25,9 +25,9 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from art_ray.storage import resolve_filesystem
 from art_ray.trajectories import Trajectory, TrajectoryGroup
 
 SCHEMA_VERSION = "1"
@@ -47,14 +47,6 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("additional_histories", pa.string()),
     ]
 )
-
-
-def resolve_filesystem(path: str | Path) -> tuple[pafs.FileSystem, str]:
-    """A pyarrow filesystem and the path inside it, for a local path or any pyarrow.fs URI (s3://...)."""
-    text = str(path)
-    if "://" in text:
-        return pafs.FileSystem.from_uri(text)
-    return pafs.LocalFileSystem(), str(Path(text).expanduser().resolve())
 
 
 def _row(group_index: int, trajectory_index: int, trajectory: Trajectory) -> dict:

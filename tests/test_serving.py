@@ -124,6 +124,8 @@ def test_api_key_is_required(inference_app) -> None:
         openai.OpenAI(base_url=inference_app.base_url, api_key="wrong", max_retries=0).models.list()
     status = httpx.get(f"{inference_app.base_url}/models").status_code
     assert status == 401
+    # the health route stays open for load balancers and Kubernetes probes
+    assert httpx.get(inference_app.base_url.removesuffix("/v1") + "/health").status_code == 200
 
 
 def error_of(app, body: bytes | dict) -> tuple[int, dict]:

@@ -40,6 +40,9 @@ def test_vllm_namespace_accepts_every_engine_kwarg() -> None:
     args = vllm_namespace(config)
     assert args.model == "/m" and args.enable_lora is True and args.dtype == "float32"
     assert args.served_model_name == [BASE_MODEL_NAME] and args.api_key == ["k"]
+    tools = vllm_namespace(ServingConfig(engine=EngineConfig(model="/m"), tool_call_parser="hermes"))
+    assert tools.enable_auto_tool_choice is True and tools.tool_call_parser == "hermes"
+    assert args.enable_auto_tool_choice is False
     with pytest.raises(ValueError, match="unknown vLLM engine argument"):
         vllm_namespace(ServingConfig(engine=EngineConfig(model="/m", extra_engine_kwargs={"no_such_arg": 1})))
 

@@ -148,7 +148,8 @@ def test_resumed_run_equals_an_uninterrupted_one(inference_app, rollouts, tmp_pa
     uninterrupted = asyncio.run(trained_adapter(inference_app, rollouts, tmp_path / "straight", 1, calls=3))
 
     async def interrupted() -> dict[str, torch.Tensor]:
-        config = trainer_config(inference_app, "equivalence", tmp_path / "resumed")
+        # a pyarrow.fs URI: checkpoints go through the upload/download path used for s3:// or gs://
+        config = trainer_config(inference_app, "equivalence", f"file://{tmp_path / 'resumed'}")
         first = TrainerGroup(config, publish=False)
         await first.start()
         for _ in range(2):

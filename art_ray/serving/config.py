@@ -21,6 +21,10 @@ class ServingConfig(pydantic.BaseModel):
     replica_num_gpus: float = pydantic.Field(default=0.0, ge=0)
     # Bearer key required on /v1 routes when set.
     api_key: str | None = None
+    # Tool calling: vLLM's parser for the model's tool-call format (e.g. "hermes"), and a chat template
+    # (a path or the template text) when the model's own does not render `tools`.
+    tool_call_parser: str | None = None
+    chat_template: str | None = None
     # LoRA versions of each model kept loaded per replica; older versions are evicted.
     keep_versions: int = pydantic.Field(default=3, ge=1)
     # Safety net for replicas that started while a version was being published.

@@ -29,6 +29,11 @@ def vllm_namespace(config: ServingConfig) -> Namespace:
         setattr(args, key, value)
     args.served_model_name = [BASE_MODEL_NAME]
     args.api_key = [config.api_key] if config.api_key else None
+    if config.tool_call_parser:
+        args.enable_auto_tool_choice = True
+        args.tool_call_parser = config.tool_call_parser
+    if config.chat_template:
+        args.chat_template = config.chat_template
     args.disable_uvicorn_access_log = True
     args.disable_log_stats = True
     return args

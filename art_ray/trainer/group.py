@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from art_ray import storage
 from art_ray.adapters.lora_files import write_peft_adapter
 from art_ray.adapters.registry import publish_adapter
 from art_ray.train_config import TrainConfig
@@ -26,19 +28,14 @@ from art_ray.trajectories import TrajectoryGroup
 STATE_FILE = "trainer_state.json"
 
 
-def _local_path(path: str) -> Path:
-    if "://" in path and not path.startswith("file://"):
-        raise NotImplementedError(
-            f"checkpoint storage {path!r}: the trainer writes DeepSpeed checkpoints to a local or mounted "
-            "folder for now; use a local path (object-store URIs are supported for trajectories)"
-        )
-    return Path(path.removeprefix("file://")).expanduser().resolve()
-
-
-def latest_checkpoint(config: TrainerConfig) -> tuple[int, Path] | None:
-    root = _local_path(config.model_dir()) / "checkpoints"
-    steps = [int(p.name) for p in root.glob("[0-9]*") if p.name.isdigit() and (p / STATE_FILE).is_file()]
-    return (max(steps), root / f"{max(steps):04d}") if steps else None
+def latest_checkpoint(config: TrainerConfig) -> tuple[int, str] | None:
+    """The newest complete checkpoint (its state file is written last) as (step, folder)."""
+    root = f"{config.model_dir()}/checkpoints"
+    steps = sorted((int(name) for name in storage.list_dir_names(root) if name.isdigit()), reverse=True)
+    for step in steps:
+        if storage.exists(f"{config.checkpoint_dir(step)}/{STATE_FILE}"):
+            return step, config.checkpoint_dir(step)
+    return None
 
 
 class TrainerGroup:
@@ -72,7 +69,7 @@ class TrainerGroup:
         found = latest_checkpoint(self.config)
         if found is not None:
             steps = await asyncio.gather(
-                *(worker.load_checkpoint.remote(str(found[1])) for worker in self.workers)
+                *(worker.load_checkpoint.remote(found[1]) for worker in self.workers)
             )
             self.step = steps[0]
         if self.publish:
@@ -117,14 +114,14 @@ class TrainerGroup:
         return await self.workers[0].adapter_tensors.remote()
 
     async def _checkpoint(self) -> None:
-        folder = _local_path(self.config.checkpoint_dir(self.step))
-        folder.mkdir(parents=True, exist_ok=True)
-        await asyncio.gather(*(worker.save_checkpoint.remote(str(folder)) for worker in self.workers))
-        write_peft_adapter(
-            folder / "adapter", await self._adapter(), self.config.lora, self.config.base_model
-        )
+        folder = self.config.checkpoint_dir(self.step)
+        await asyncio.gather(*(worker.save_checkpoint.remote(folder) for worker in self.workers))
+        adapter = await self._adapter()
+        with tempfile.TemporaryDirectory() as staging:
+            write_peft_adapter(Path(staging) / "adapter", adapter, self.config.lora, self.config.base_model)
+            storage.upload_dir(Path(staging), folder)
         # written last: a folder without it is an interrupted checkpoint and is never resumed from
-        (folder / STATE_FILE).write_text(json.dumps({"step": self.step, "saved_at": time.time()}))
+        storage.write_text(f"{folder}/{STATE_FILE}", json.dumps({"step": self.step, "saved_at": time.time()}))
 
     async def _publish(self) -> int:
         return await publish_adapter(

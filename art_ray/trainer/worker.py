@@ -5,13 +5,16 @@ from __future__ import annotations
 import math
 import os
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import ray
 import torch
 
+from art_ray import storage
 from art_ray.train_config import TrainConfig
 from art_ray.trainer.batches import PackedRow, pack_sequences, segment_attention_mask, tokenize_groups
 from art_ray.trainer.config import TrainerConfig
@@ -240,19 +243,29 @@ class TrainerWorker:
         return {name: tensor.detach().float().cpu().clone() for name, tensor in state.items()}
 
     def save_checkpoint(self, folder: str) -> None:
-        """DeepSpeed state (adapter, optimizer, RNG) on every rank; the PEFT adapter from rank 0."""
-        self.engine.save_checkpoint(
-            folder,
-            tag="deepspeed",
-            client_state={CLIENT_STATE_STEP: self.step},
-            exclude_frozen_parameters=True,
-        )
+        """Every rank saves its DeepSpeed state (adapter, optimizer); remote roots get it uploaded."""
+        client_state = {CLIENT_STATE_STEP: self.step, "torch_rng": torch.get_rng_state()}
+
+        def save(target: str) -> None:
+            self.engine.save_checkpoint(
+                target, tag="deepspeed", client_state=client_state, exclude_frozen_parameters=True
+            )
+
+        if "://" not in folder:
+            save(folder)
+            return
+        with tempfile.TemporaryDirectory() as staging:
+            save(staging)
+            storage.upload_dir(Path(staging), folder)
 
     def load_checkpoint(self, folder: str) -> int:
-        _, client_state = self.engine.load_checkpoint(
-            folder, tag="deepspeed", load_module_strict=False, load_optimizer_states=True
-        )
+        with tempfile.TemporaryDirectory() as staging:
+            local = folder if "://" not in folder else str(storage.download_dir(folder, Path(staging)))
+            _, client_state = self.engine.load_checkpoint(
+                local, tag="deepspeed", load_module_strict=False, load_optimizer_states=True
+            )
         self.step = int(client_state[CLIENT_STATE_STEP])
+        torch.set_rng_state(client_state["torch_rng"])
         return self.step
 
     def get_step(self) -> int:

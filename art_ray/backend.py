@@ -1,0 +1,178 @@
+"""RayBackend: runs the inference app and a trainer group per registered model on a Ray cluster.
+
+With no address it starts an embedded local Ray (CPU defaults); with "auto", "ray://..." or inside a
+`ray job submit` job it connects to that cluster. It tears down what it started.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import ray
+
+from art_ray.models import resolve_base_model
+from art_ray.serving.config import ServingConfig
+from art_ray.serving.engine_config import EngineConfig, detect_device
+from art_ray.train_config import TrainConfig
+from art_ray.trainer.config import TrainerConfig
+from art_ray.trajectories import TrajectoryGroup
+
+if TYPE_CHECKING:
+    from art_ray.model import TrainableModel
+    from art_ray.trainer.group import TrainerGroup
+
+
+class BackendError(RuntimeError):
+    pass
+
+
+class RayBackend:
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        storage: str = "./art_ray_runs",
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        api_key: str | None = None,
+        app_name: str = "art",
+        num_cpus: int | None = None,
+        tracking_uri: str | None = None,
+    ) -> None:
+        self.address = address
+        self.storage = storage
+        self.host, self.port = host, port
+        self.api_key = api_key
+        self.app_name = app_name
+        self.num_cpus = num_cpus
+        self.tracking_uri = tracking_uri
+        self.base_url: str | None = None
+        self._base_model: str | None = None
+        self._trainers: dict[str, TrainerGroup] = {}
+        self._started_ray = False
+
+    def _connect(self) -> None:
+        if ray.is_initialized():
+            return
+        if self.address is None and "RAY_ADDRESS" not in os.environ:
+            # an embedded cluster of our own, never another process's (a bare ray.init() would join it)
+            ray.init(
+                address="local",
+                num_cpus=self.num_cpus or max(2, os.cpu_count() or 2),
+                include_dashboard=False,
+                log_to_driver=False,
+            )
+            self._started_ray = True
+        else:
+            ray.init(address=self.address or os.environ["RAY_ADDRESS"], log_to_driver=False)
+
+    def _serving_config(self, model: TrainableModel, base_model: str) -> ServingConfig:
+        config = model.config
+        on_gpu = detect_device() == "gpu"
+        engine = EngineConfig(
+            model=base_model,
+            max_model_len=config.max_model_len,
+            max_lora_rank=config.lora.r,
+            max_loras=max(4, config.keep_versions),
+            cpu_threads=None if on_gpu else config.engine_threads,
+            tensor_parallel_size=config.tensor_parallel_size,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            seed=config.seed,
+        )
+        gpus = config.replica_gpus if config.replica_gpus is not None else (1.0 if on_gpu else 0.0)
+        return ServingConfig(
+            engine=engine,
+            app_name=self.app_name,
+            num_replicas=config.num_replicas,
+            replica_num_cpus=config.replica_cpus,
+            replica_num_gpus=gpus * config.tensor_parallel_size,
+            api_key=self.api_key,
+            keep_versions=config.keep_versions,
+            tool_call_parser=config.tool_call_parser,
+            chat_template=config.chat_template,
+        )
+
+    def _trainer_config(self, model: TrainableModel, base_model: str) -> TrainerConfig:
+        config = model.config
+        on_gpu = detect_device() == "gpu"
+        gpus = config.trainer_gpus_per_rank
+        return TrainerConfig(
+            model=model.name,
+            project=model.project,
+            base_model=base_model,
+            lora=config.lora,
+            storage=self.storage,
+            world_size=config.world_size,
+            zero_stage=config.zero_stage,
+            sequence_length=config.sequence_length,
+            micro_batch_rows=config.micro_batch_rows,
+            num_cpus_per_rank=config.trainer_cpus_per_rank,
+            num_gpus_per_rank=gpus if gpus is not None else (1.0 if on_gpu else 0.0),
+            torch_threads=config.trainer_threads,
+            seed=config.seed,
+        )
+
+    async def register(self, model: TrainableModel) -> None:
+        """Serve the model's base model (once) and start its trainer group; returns when `name` serves
+        the latest step (resumed from the latest checkpoint if there is one)."""
+        from art_ray.serving.launch import start_inference
+        from art_ray.trainer.group import TrainerGroup
+
+        self._connect()
+        base_model = resolve_base_model(model.base_model)
+        if self._base_model is None:
+            self.base_url = start_inference(self._serving_config(model, base_model), self.host, self.port)
+            self._base_model = base_model
+        elif base_model != self._base_model:
+            raise BackendError(
+                f"this backend serves {self._base_model}; models on another base model need a backend of "
+                "their own (another app_name and port)"
+            )
+        if model.name not in self._trainers:
+            trainer = TrainerGroup(self._trainer_config(model, base_model))
+            await trainer.start()
+            self._trainers[model.name] = trainer
+
+    def _trainer(self, model: TrainableModel) -> TrainerGroup:
+        if model.name not in self._trainers:
+            raise BackendError(f"model {model.name!r} is not registered: await model.register(backend) first")
+        return self._trainers[model.name]
+
+    async def train(
+        self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig
+    ) -> AsyncIterator[dict[str, float]]:
+        async for metrics in self._trainer(model).train(groups, config):
+            yield metrics
+
+    async def get_step(self, model: TrainableModel) -> int:
+        return self._trainer(model).step
+
+    def model_dir(self, model: TrainableModel) -> str:
+        return self._trainer(model).config.model_dir()
+
+    def checkpoint_steps(self, model: TrainableModel) -> list[int]:
+        from art_ray.trainer.group import checkpoint_steps
+
+        return checkpoint_steps(self._trainer(model).config)
+
+    def delete_checkpoint(self, model: TrainableModel, step: int) -> None:
+        from art_ray import storage
+
+        storage.delete_dir(self._trainer(model).config.checkpoint_dir(step))
+
+    def shutdown(self) -> None:
+        """Stop the trainers and the app this backend started (and Ray, if it started it)."""
+        from ray import serve
+
+        for trainer in self._trainers.values():
+            trainer.shutdown()
+        self._trainers.clear()
+        if self._base_model is not None and ray.is_initialized():
+            serve.delete(self.app_name)
+            self._base_model = None
+        if self._started_ray and ray.is_initialized():
+            serve.shutdown()
+            ray.shutdown()
+            self._started_ray = False

@@ -1,0 +1,140 @@
+"""Models with ART's verbs: `Model` (any OpenAI-compatible endpoint, for comparisons) and
+`TrainableModel` (served and trained by a backend)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pydantic
+from openai import AsyncOpenAI
+from tqdm.auto import tqdm
+
+from art_ray.adapters.lora_files import validate_model_name, versioned_name
+from art_ray.model_config import ModelConfig
+from art_ray.tracking import Tracker, group_metrics, save_trajectories
+from art_ray.train_config import TrainConfig
+from art_ray.trajectories import TrajectoryGroup
+
+
+class Model(pydantic.BaseModel):
+    """A prompted model behind any OpenAI-compatible endpoint (e.g. a hosted baseline)."""
+
+    model_config = pydantic.ConfigDict(arbitrary_types_allowed=True)
+
+    name: str
+    project: str
+    inference_model_name: str | None = None
+    base_url: str | None = None
+    api_key: str | None = None
+
+    def openai_client(self) -> AsyncOpenAI:
+        return AsyncOpenAI(base_url=self.base_url, api_key=self.api_key or "unused", max_retries=2, timeout=600)
+
+    def get_inference_name(self, step: int | None = None) -> str:
+        return self.inference_model_name or self.name
+
+
+class TrainableModel(Model):
+    """A LoRA on `base_model`, served as `name` / `name@step` and trained with GRPO."""
+
+    base_model: str
+    config: ModelConfig = pydantic.Field(default_factory=ModelConfig)
+    tracking_uri: str | None = None
+    _backend: Any = pydantic.PrivateAttr(default=None)
+    _tracker: Tracker | None = pydantic.PrivateAttr(default=None)
+
+    @pydantic.field_validator("name", "project")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        return validate_model_name(value)
+
+    async def register(self, backend: Any) -> None:
+        """Start serving and training this model on `backend` (resumes from its latest checkpoint)."""
+        await backend.register(self)
+        self._backend = backend
+        self.base_url = backend.base_url
+        self.api_key = backend.api_key
+        self._tracker = Tracker(self.project, self.name, self.tracking_uri or backend.tracking_uri)
+
+    @property
+    def backend(self) -> Any:
+        if self._backend is None:
+            raise RuntimeError(f"model {self.name!r} is not registered: await model.register(backend) first")
+        return self._backend
+
+    @property
+    def tracker(self) -> Tracker:
+        self.backend  # noqa: B018 - raises if not registered
+        assert self._tracker is not None
+        return self._tracker
+
+    def get_inference_name(self, step: int | None = None) -> str:
+        return self.name if step is None else versioned_name(self.name, step)
+
+    async def get_step(self) -> int:
+        return await self.backend.get_step(self)
+
+    async def train_stream(
+        self, groups: list[TrajectoryGroup], config: TrainConfig | None = None
+    ) -> AsyncIterator[dict[str, float]]:
+        """Train one step, yielding each gradient step's metrics as it finishes (the last item is the
+        summary with the new `step`); returns when every replica serves the new step."""
+        config = config or TrainConfig()
+        step = await self.get_step()
+        self.tracker.log_metrics(group_metrics(groups, "train"), step)
+        save_trajectories(self.backend.model_dir(self), "train", step, groups)
+        async for metrics in self.backend.train(self, groups, config):
+            yield metrics
+
+    async def train(
+        self, groups: list[TrajectoryGroup], config: TrainConfig | None = None, verbose: bool = True
+    ) -> int:
+        """Train one step on the groups; returns the new step (served by every replica on return).
+        The gradient steps' metrics are in `model.last_train_metrics` and MLflow."""
+        config = config or TrainConfig()
+        bar = tqdm(total=config.num_gradient_steps, desc="train", disable=not verbose)
+        gradient_steps: list[dict[str, float]] = []
+        summary: dict[str, float] = {}
+        async for metrics in self.train_stream(groups, config):
+            if "step" in metrics:
+                summary = metrics
+                continue
+            gradient_steps.append(metrics)
+            bar.set_postfix(loss=metrics.get("loss/train"), grad_norm=metrics.get("loss/grad_norm"))
+            bar.update(1)
+        bar.close()
+        self.last_train_metrics = gradient_steps
+        new_step = int(summary["step"])
+        names = {name for metrics in gradient_steps for name in metrics}
+        averaged = {
+            name: statistics.fmean(m[name] for m in gradient_steps if name in m) for name in sorted(names)
+        }
+        self.tracker.log_metrics({**averaged, **{k: v for k, v in summary.items() if k != "step"}}, new_step)
+        return new_step
+
+    last_train_metrics: list[dict[str, float]] = pydantic.Field(default_factory=list, exclude=True)
+
+    async def log(self, groups: list[TrajectoryGroup], split: str = "val") -> dict[str, float]:
+        """Log reward metrics of `groups` at the current step to MLflow and save them as Parquet."""
+        step = await self.get_step()
+        metrics = group_metrics(groups, split)
+        self.tracker.log_metrics(metrics, step)
+        save_trajectories(self.backend.model_dir(self), split, step, groups)
+        return metrics
+
+    async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
+        """Delete every checkpoint but the latest and the best by `best_checkpoint_metric` (higher is
+        better); returns the deleted steps."""
+        steps = self.backend.checkpoint_steps(self)
+        if not steps:
+            return []
+        keep = {max(steps)}
+        history = {step: value for step, value in self.tracker.history(best_checkpoint_metric).items() if step in steps}
+        if history:
+            keep.add(max(history, key=lambda step: history[step]))
+        deleted = [step for step in steps if step not in keep]
+        for step in deleted:
+            self.backend.delete_checkpoint(self, step)
+        return deleted
