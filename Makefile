@@ -28,8 +28,10 @@ endif
 	$(PY) -c "import art_ray, vllm, ray, deepspeed, peft" 
 	touch $(STAMP)
 
+# A fresh run each time (a second run on the same storage would resume at the last step and train nothing).
 demo: setup
-	$(PY) examples/quickstart/demo.py
+	rm -rf art_ray_runs/demo
+	$(PY) examples/one_word/train.py --storage art_ray_runs/demo
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -42,4 +44,4 @@ bench: setup
 	@for script in bench/*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build *.egg-info art_ray_runs

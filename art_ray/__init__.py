@@ -1,7 +1,14 @@
 """art-ray: train LLM agents with reinforcement learning on Ray (an ART-compatible API)."""
 
+from art_ray.adapters.lora_files import LoRASpec
+from art_ray.backend import BackendError, RayBackend
+from art_ray.dataset import DatasetBatch, iterate_dataset
 from art_ray.errors import ArtRayError, MissingTokenDataError, ModelPreparationError
+from art_ray.gather import TooManyExceptionsError, gather_trajectory_groups
+from art_ray.model import Model, TrainableModel
+from art_ray.model_config import ModelConfig
 from art_ray.parquet import read_trajectory_groups, write_trajectory_groups
+from art_ray.remote_rollout import remote_rollout
 from art_ray.train_config import TrainConfig
 from art_ray.trajectories import (
     History,
@@ -17,6 +24,17 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ArtRayError",
+    "BackendError",
+    "DatasetBatch",
+    "LoRASpec",
+    "Model",
+    "ModelConfig",
+    "RayBackend",
+    "TooManyExceptionsError",
+    "TrainableModel",
+    "gather_trajectory_groups",
+    "iterate_dataset",
+    "remote_rollout",
     "History",
     "MissingTokenDataError",
     "ModelPreparationError",

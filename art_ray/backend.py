@@ -29,6 +29,15 @@ class BackendError(RuntimeError):
 
 
 class RayBackend:
+    """Serves and trains TrainableModels on a Ray cluster.
+
+    `address`: None starts an embedded local Ray (or joins the job's cluster under `ray job submit`);
+    "auto" or "ray://host:10001" connects to a running cluster. `storage`: checkpoints, trajectories and
+    (by default) the MLflow store; a local folder or any pyarrow.fs URI. `host`/`port`: where Serve's
+    proxy listens if this backend starts Serve. `app_name`/`route_prefix`: the Serve app, so several
+    backends can share one Serve instance. `api_key`: required as Bearer token on the endpoint.
+    """
+
     def __init__(
         self,
         address: str | None = None,
@@ -38,6 +47,7 @@ class RayBackend:
         port: int = 8000,
         api_key: str | None = None,
         app_name: str = "art",
+        route_prefix: str = "/",
         num_cpus: int | None = None,
         tracking_uri: str | None = None,
     ) -> None:
@@ -46,7 +56,13 @@ class RayBackend:
         self.host, self.port = host, port
         self.api_key = api_key
         self.app_name = app_name
+        self.route_prefix = route_prefix
         self.num_cpus = num_cpus
+        # MLflow: a local SQLite store beside the checkpoints unless a tracking server is named
+        if tracking_uri is None and "://" not in storage:
+            folder = os.path.abspath(os.path.expanduser(storage))
+            os.makedirs(folder, exist_ok=True)
+            tracking_uri = f"sqlite:///{folder}/mlflow.db"
         self.tracking_uri = tracking_uri
         self.base_url: str | None = None
         self._base_model: str | None = None
@@ -85,6 +101,7 @@ class RayBackend:
         return ServingConfig(
             engine=engine,
             app_name=self.app_name,
+            route_prefix=self.route_prefix,
             num_replicas=config.num_replicas,
             replica_num_cpus=config.replica_cpus,
             replica_num_gpus=gpus * config.tensor_parallel_size,
@@ -169,10 +186,10 @@ class RayBackend:
         for trainer in self._trainers.values():
             trainer.shutdown()
         self._trainers.clear()
-        if self._base_model is not None and ray.is_initialized():
-            serve.delete(self.app_name)
-            self._base_model = None
         if self._started_ray and ray.is_initialized():
-            serve.shutdown()
+            serve.shutdown()  # the whole embedded cluster goes, the app with it
             ray.shutdown()
             self._started_ray = False
+        elif self._base_model is not None and ray.is_initialized():
+            serve.delete(self.app_name)
+        self._base_model = None

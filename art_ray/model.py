@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import statistics
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,6 +18,28 @@ from art_ray.model_config import ModelConfig
 from art_ray.tracking import Tracker, group_metrics, save_trajectories
 from art_ray.train_config import TrainConfig
 from art_ray.trajectories import TrajectoryGroup
+
+_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, AsyncOpenAI]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def shared_client(base_url: str | None, api_key: str | None) -> AsyncOpenAI:
+    """One client per (event loop, endpoint, key) in this process; also in remote rollout workers,
+    where every call brings its own copy of the model."""
+
+    def new() -> AsyncOpenAI:
+        return AsyncOpenAI(base_url=base_url, api_key=api_key or "unused", max_retries=2, timeout=1200)
+
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # made outside a loop: it binds to whichever loop first uses it
+        return new()
+    clients = _CLIENTS.setdefault(loop, {})
+    key = (base_url, api_key)
+    if key not in clients:
+        clients[key] = new()
+    return clients[key]
 
 
 class Model(pydantic.BaseModel):
@@ -30,7 +54,9 @@ class Model(pydantic.BaseModel):
     api_key: str | None = None
 
     def openai_client(self) -> AsyncOpenAI:
-        return AsyncOpenAI(base_url=self.base_url, api_key=self.api_key or "unused", max_retries=2, timeout=600)
+        """An AsyncOpenAI client for this model's endpoint, shared per event loop (as ART does):
+        rollouts call this once each, and a client per call would open a connection pool per rollout."""
+        return shared_client(self.base_url, self.api_key)
 
     def get_inference_name(self, step: int | None = None) -> str:
         return self.inference_model_name or self.name
@@ -73,6 +99,16 @@ class TrainableModel(Model):
     def get_inference_name(self, step: int | None = None) -> str:
         return self.name if step is None else versioned_name(self.name, step)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Shipped to remote rollouts: the name, endpoint and key travel; the backend (actor handles)
+        # and the MLflow client stay on the driver.
+        state = super().__getstate__()
+        state["__pydantic_private__"] = {
+            "_backend": None,
+            "_tracker": None,
+        }
+        return state
+
     async def get_step(self) -> int:
         return await self.backend.get_step(self)
 
@@ -106,6 +142,7 @@ class TrainableModel(Model):
             bar.update(1)
         bar.close()
         self.last_train_metrics = gradient_steps
+        self.last_train_summary = summary
         new_step = int(summary["step"])
         names = {name for metrics in gradient_steps for name in metrics}
         averaged = {
@@ -114,7 +151,9 @@ class TrainableModel(Model):
         self.tracker.log_metrics({**averaged, **{k: v for k, v in summary.items() if k != "step"}}, new_step)
         return new_step
 
+    # the last train call's gradient-step metrics, and its summary (step, checkpoint and publish time)
     last_train_metrics: list[dict[str, float]] = pydantic.Field(default_factory=list, exclude=True)
+    last_train_summary: dict[str, float] = pydantic.Field(default_factory=dict, exclude=True)
 
     async def log(self, groups: list[TrajectoryGroup], split: str = "val") -> dict[str, float]:
         """Log reward metrics of `groups` at the current step to MLflow and save them as Parquet."""
@@ -131,7 +170,11 @@ class TrainableModel(Model):
         if not steps:
             return []
         keep = {max(steps)}
-        history = {step: value for step, value in self.tracker.history(best_checkpoint_metric).items() if step in steps}
+        history = {
+            step: value
+            for step, value in self.tracker.history(best_checkpoint_metric).items()
+            if step in steps
+        }
         if history:
             keep.add(max(history, key=lambda step: history[step]))
         deleted = [step for step in steps if step not in keep]

@@ -31,7 +31,15 @@ def ray_cluster():
     import ray
 
     # 4 logical CPUs on 2 cores: two engine replicas plus the trainer get one each; they mostly wait.
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    # Workers import functions defined in test modules (remote rollouts), as a job's working_dir would
+    # let them: tests/ goes on their path.
+    ray.init(
+        address="local",
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).parent)}},
+    )
     yield ray
     from ray import serve
 

@@ -9,14 +9,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from art_ray import History, Trajectory, TrajectoryGroup
 from art_ray.models import TINY, prepare
-from art_ray.trainer.batches import (
-    TokenizeStats,
-    history_sequences,
-    pack_sequences,
-    segment_attention_mask,
-    tokenize_groups,
-)
+from art_ray.trainer.batches import TokenizeStats, TokenSequence, history_sequences, tokenize_groups
 from art_ray.trainer.loss import token_logprobs
+from art_ray.trainer.packing import pack_sequences, segment_attention_mask
 
 TOOL_CALL = {
     "id": "call_1",
@@ -156,40 +151,89 @@ def test_additional_histories_share_the_trajectory_weight(tokenizer) -> None:
     assert sum(s.weight * s.num_trainable for s in mains) == pytest.approx(0.5)
 
 
-def test_packing_keeps_sequences_separate(tokenizer) -> None:
-    model = AutoModelForCausalLM.from_pretrained(
+@pytest.fixture(scope="module")
+def tiny_model():
+    return AutoModelForCausalLM.from_pretrained(
         prepare(TINY), dtype=torch.float32, attn_implementation="sdpa"
     )
+
+
+def labelled(sequences: list[TokenSequence]) -> list[TokenSequence]:
+    """Sequence k gets weight k + 1, which traces its tokens through the packing."""
+    for index, sequence in enumerate(sequences):
+        sequence.weight, sequence.advantage = float(index + 1), 1.0
+    return sequences
+
+
+def assert_packed_equals_unpacked(model, sequences: list[TokenSequence], rows) -> None:
+    """Every trained token's logprob in the packed rows equals its logprob in its own unpacked forward
+    pass."""
+    packed: dict[int, list[torch.Tensor]] = {index: [] for index in range(len(sequences))}
+    with torch.no_grad():
+        for row in rows:
+            logits = model(
+                input_ids=torch.tensor([row.input_ids]),
+                position_ids=torch.tensor([row.position_ids]),
+                attention_mask=segment_attention_mask(
+                    torch.tensor([row.segment_ids]), torch.tensor([row.parent_ids])
+                ),
+            ).logits
+            values = token_logprobs(logits, torch.tensor([row.target_ids]))[0]
+            for position, weight in enumerate(row.weights):
+                if weight > 0:
+                    packed[int(weight) - 1].append(values[position])
+        for index, sequence in enumerate(sequences):
+            ids = torch.tensor([sequence.input_ids])
+            alone = token_logprobs(model(input_ids=ids).logits[:, :-1], ids[:, 1:])[0]
+            expected = alone[torch.tensor(sequence.trainable[1:])]
+            assert len(packed[index]) == len(expected) == sequence.num_trainable
+            torch.testing.assert_close(torch.stack(packed[index]), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("share_prefixes", [True, False])
+def test_packing_keeps_sequences_separate(tokenizer, tiny_model, share_prefixes) -> None:
     trajectory, _ = tool_trajectory(tokenizer)
     drifted, _ = tool_trajectory(tokenizer, drift=True)
     stats = TokenizeStats()
     sequences = history_sequences(trajectory.messages_and_choices, None, tokenizer, stats)
     sequences += history_sequences(drifted.messages_and_choices, None, tokenizer, stats)
-    for sequence in sequences:
-        sequence.weight, sequence.advantage = 1.0, 1.0
-    row_length = sum(len(s.input_ids) for s in sequences) + 5
-    [row] = pack_sequences(sequences, row_length)
-    assert len(row.input_ids) == row_length and row.segment_ids[-5:] == [0] * 5
-    with torch.no_grad():
-        ids = torch.tensor([row.input_ids])
-        segments = torch.tensor([row.segment_ids])
-        logits = model(
-            input_ids=ids,
-            position_ids=torch.tensor([row.position_ids]),
-            attention_mask=segment_attention_mask(segments),
-        ).logits
-        packed = token_logprobs(logits, torch.tensor([row.target_ids]))[0]
-        alone = []
-        for sequence in sorted(sequences, key=lambda s: len(s.input_ids), reverse=True):
-            seq_ids = torch.tensor([sequence.input_ids])
-            seq_logits = model(input_ids=seq_ids).logits
-            alone.append(token_logprobs(seq_logits[:, :-1], seq_ids[:, 1:])[0])
-    offset = 0
-    for values in alone:
-        torch.testing.assert_close(packed[offset : offset + len(values)], values, atol=1e-5, rtol=1e-5)
-        offset += len(values) + 1
-    trained = [w > 0 for w in row.weights]
-    assert sum(trained) == sum(s.num_trainable for s in sequences)
+    total = sum(len(s.input_ids) for s in labelled(sequences))
+    rows = pack_sequences(sequences, total + 5, share_prefixes=share_prefixes)
+    assert len(rows) == 1 and len(rows[0].input_ids) == total + 5
+    if share_prefixes:  # the two conversations start alike: their common context is stored once
+        assert rows[0].segment_ids.count(0) > 5
+    else:
+        assert rows[0].segment_ids[-6:] == [len(sequences), 0, 0, 0, 0, 0]
+    assert_packed_equals_unpacked(tiny_model, sequences, rows)
+
+
+def sampled(prompt: list[int], completion: list[int], group_id: int) -> TokenSequence:
+    sequence = TokenSequence(group_id=group_id)
+    sequence.extend(prompt)
+    sequence.extend(completion, [-1.0] * len(completion))
+    return sequence
+
+
+def test_a_groups_samples_share_their_prompt(tiny_model) -> None:
+    prompt = list(range(5, 25))
+    group = [sampled(prompt, [30 + i, 40 + i, 50], 0) for i in range(4)]
+    other = [sampled([7, *prompt[1:]], [60, 61], 1), sampled([7, *prompt[1:]], [62], 1)]
+    [row] = pack_sequences(labelled([*group, *other]), 128)
+    # group 0: 19 prompt tokens once, then each sample's last prompt token and its 3 tokens
+    # group 1: shares only what both of its samples have (all but the last prompt token)
+    assert 128 - row.segment_ids.count(0) == (19 + 4 * 4) + (19 + 3 + 2)
+    first_sample = row.segment_ids.index(2)
+    assert row.position_ids[first_sample : first_sample + 4] == [19, 20, 21, 22]
+    assert row.parent_ids[first_sample] == 1
+    assert_packed_equals_unpacked(tiny_model, [*group, *other], [row])
+
+
+def test_a_group_too_long_for_one_row_continues_in_another() -> None:
+    prompt = list(range(5, 25))
+    group = labelled([sampled(prompt, [30 + i, 40 + i], 0) for i in range(6)])
+    rows = pack_sequences(group, 19 + 3 * 3)  # the prefix and three continuations per row
+    assert len(rows) == 2
+    assert [sum(w > 0 for w in row.weights) for row in rows] == [6, 6]
 
 
 def test_sequence_longer_than_a_row_is_an_error(tokenizer) -> None:

@@ -12,10 +12,17 @@ DEFAULT_PORT = 8000
 
 
 def start_inference(config: ServingConfig, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> str:
-    """Deploy (or update) the app and return its OpenAI base URL. Binds 127.0.0.1 unless told otherwise."""
+    """Deploy (or update) the app and return its OpenAI base URL. Binds 127.0.0.1 unless told otherwise.
+
+    Serve keeps the HTTP options it was first started with on a cluster, so when it already runs the
+    URL names where its proxy really listens, not `host`/`port`."""
+    from ray.serve.context import _get_global_client
+
     serve.start(http_options={"host": host, "port": port})
     serve.run(build_inference_app(config), name=config.app_name, route_prefix=config.route_prefix)
-    return f"http://{host}:{port}{config.route_prefix.rstrip('/')}/v1"
+    http = _get_global_client().http_config
+    url_host = "127.0.0.1" if http.host in ("0.0.0.0", "::", "") else http.host
+    return f"http://{url_host}:{http.port}{config.route_prefix.rstrip('/')}/v1"
 
 
 def stop_inference(app_name: str) -> None:

@@ -31,6 +31,7 @@ class TokenSequence:
     advantage: float = 0.0
     weight: float = 0.0  # per trainable token
     trajectory_id: int = 0
+    group_id: int = 0
 
     def extend(self, ids: list[int], logprobs: list[float] | None = None) -> None:
         self.input_ids.extend(ids)
@@ -98,19 +99,19 @@ def tokenize_groups(
 ) -> tuple[list[TokenSequence], TokenizeStats]:
     """Sequences of every trainable group, each token weighted so that every trajectory counts the same."""
     stats = TokenizeStats(num_groups=len(groups))
-    trajectories: list[tuple[Trajectory, float]] = []
-    for group in groups:
+    trajectories: list[tuple[Trajectory, float, int]] = []
+    for group_id, group in enumerate(groups):
         advantages = group_advantages(group.rewards, scale=scale_rewards)
         if advantages is None:
             continue
         stats.num_groups_trainable += 1
         trajectories.extend(
-            (trajectory, advantage)
+            (trajectory, advantage, group_id)
             for trajectory, advantage in zip(group.trajectories, advantages, strict=True)
             if advantage != 0.0
         )
     sequences: list[TokenSequence] = []
-    for trajectory_id, (trajectory, advantage) in enumerate(trajectories):
+    for trajectory_id, (trajectory, advantage, group_id) in enumerate(trajectories):
         own: list[TokenSequence] = []
         for history in trajectory.histories():
             own.extend(history_sequences(history.messages_and_choices, history.tools, tokenizer, stats))
@@ -118,85 +119,9 @@ def tokenize_groups(
         for sequence in own:
             sequence.advantage = advantage
             sequence.trajectory_id = trajectory_id
+            sequence.group_id = group_id
             sequence.weight = 1.0 / (tokens * len(trajectories))
         sequences.extend(own)
         stats.num_trajectories += 1 if own else 0
         stats.trainable_tokens += tokens
     return sequences, stats
-
-
-@dataclass
-class PackedRow:
-    """Several sequences in one row; `segment_ids` keeps attention inside each (0 = padding)."""
-
-    input_ids: list[int]
-    position_ids: list[int]
-    segment_ids: list[int]
-    # Targets are shifted: index t holds the data for predicting input_ids[t + 1].
-    target_ids: list[int]
-    old_logprobs: list[float]
-    advantages: list[float]
-    weights: list[float]
-
-
-def pack_sequences(sequences: list[TokenSequence], row_length: int) -> list[PackedRow]:
-    """First-fit-decreasing packing; padding only at each row's tail. A sequence longer than a row is an
-    error: cutting its context or its sampled tokens would train on something the model never saw."""
-    for sequence in sequences:
-        if len(sequence.input_ids) > row_length:
-            raise ValueError(
-                f"a sequence of {len(sequence.input_ids)} tokens does not fit sequence_length={row_length}: "
-                "raise the trainer's sequence_length"
-            )
-    rows: list[list[TokenSequence]] = []
-    space: list[int] = []
-    for sequence in sorted(sequences, key=lambda s: len(s.input_ids), reverse=True):
-        for index, free in enumerate(space):
-            if free >= len(sequence.input_ids):
-                rows[index].append(sequence)
-                space[index] -= len(sequence.input_ids)
-                break
-        else:
-            rows.append([sequence])
-            space.append(row_length - len(sequence.input_ids))
-    return [_pack_row(members, row_length) for members in rows]
-
-
-def _pack_row(members: list[TokenSequence], row_length: int) -> PackedRow:
-    row = PackedRow([], [], [], [], [], [], [])
-    for segment, sequence in enumerate(members, start=1):
-        n = len(sequence.input_ids)
-        row.input_ids.extend(sequence.input_ids)
-        row.position_ids.extend(range(n))
-        row.segment_ids.extend([segment] * n)
-        # the token at t+1 is predicted at t; the last position of a sequence predicts nothing
-        row.target_ids.extend([*sequence.input_ids[1:], 0])
-        shifted_trainable = [*sequence.trainable[1:], False]
-        shifted_logprobs = [*sequence.logprobs[1:], math.nan]
-        row.old_logprobs.extend(
-            lp if t else 0.0 for lp, t in zip(shifted_logprobs, shifted_trainable, strict=True)
-        )
-        row.advantages.extend(sequence.advantage if t else 0.0 for t in shifted_trainable)
-        row.weights.extend(sequence.weight if t else 0.0 for t in shifted_trainable)
-    padding = row_length - len(row.input_ids)
-    row.input_ids.extend([0] * padding)
-    row.position_ids.extend([0] * padding)
-    row.segment_ids.extend([0] * padding)
-    row.target_ids.extend([0] * padding)
-    row.old_logprobs.extend([0.0] * padding)
-    row.advantages.extend([0.0] * padding)
-    row.weights.extend([0.0] * padding)
-    return row
-
-
-def segment_attention_mask(segment_ids: Any) -> Any:
-    """Boolean [batch, 1, L, L] mask: causal, and only within the same segment. Padding attends to
-    itself alone, so no softmax row is empty."""
-    import torch
-
-    same = segment_ids.unsqueeze(-1) == segment_ids.unsqueeze(-2)
-    length = segment_ids.shape[-1]
-    causal = torch.ones(length, length, dtype=torch.bool, device=segment_ids.device).tril()
-    allowed = same & causal & (segment_ids != 0).unsqueeze(-1)
-    allowed |= torch.eye(length, dtype=torch.bool, device=segment_ids.device)
-    return allowed.unsqueeze(1)

@@ -28,21 +28,24 @@ from art_ray.trajectories import TrajectoryGroup
 STATE_FILE = "trainer_state.json"
 
 
-def latest_checkpoint(config: TrainerConfig) -> tuple[int, str] | None:
-    """The newest complete checkpoint (its state file is written last) as (step, folder)."""
+def checkpoint_steps(config: TrainerConfig) -> list[int]:
+    """Steps with a complete checkpoint (the state file is written last), ascending."""
     root = f"{config.model_dir()}/checkpoints"
-    steps = sorted((int(name) for name in storage.list_dir_names(root) if name.isdigit()), reverse=True)
-    for step in steps:
-        if storage.exists(f"{config.checkpoint_dir(step)}/{STATE_FILE}"):
-            return step, config.checkpoint_dir(step)
-    return None
+    steps = sorted(int(name) for name in storage.list_dir_names(root) if name.isdigit())
+    return [step for step in steps if storage.exists(f"{config.checkpoint_dir(step)}/{STATE_FILE}")]
+
+
+def latest_checkpoint(config: TrainerConfig) -> tuple[int, str] | None:
+    steps = checkpoint_steps(config)
+    return (steps[-1], config.checkpoint_dir(steps[-1])) if steps else None
 
 
 class TrainerGroup:
     def __init__(self, config: TrainerConfig, publish: bool = True) -> None:
         self.config = config
         self.publish = publish
-        bundle = {"CPU": config.num_cpus_per_rank}
+        # Ray rejects all-zero bundles; a rank that reserves nothing still needs a place to stand
+        bundle = {"CPU": config.num_cpus_per_rank or 0.001}
         if config.num_gpus_per_rank:
             bundle["GPU"] = config.num_gpus_per_rank
         self._placement_group = placement_group([bundle] * config.world_size, strategy="PACK")

@@ -16,9 +16,10 @@ import torch
 
 from art_ray import storage
 from art_ray.train_config import TrainConfig
-from art_ray.trainer.batches import PackedRow, pack_sequences, segment_attention_mask, tokenize_groups
+from art_ray.trainer.batches import tokenize_groups
 from art_ray.trainer.config import TrainerConfig
 from art_ray.trainer.loss import policy_loss, token_entropy, token_logprobs
+from art_ray.trainer.packing import PackedRow, pack_sequences, segment_attention_mask
 from art_ray.trajectories import TrajectoryGroup
 
 CLIENT_STATE_STEP = "art_ray_step"
@@ -41,6 +42,20 @@ def deepspeed_config(config: TrainerConfig, on_gpu: bool) -> dict[str, Any]:
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
+
+
+def _keep_only_trainable_in_state_dict(model: torch.nn.Module) -> None:
+    """Checkpoints hold the adapter only: the base model is reloaded from its files. DeepSpeed's
+    `exclude_frozen_parameters` misses tied weights (lm_head shares the embedding, so it is not in
+    named_parameters) and would write the whole embedding matrix into every checkpoint."""
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+
+    def drop_frozen(module: torch.nn.Module, state: dict, prefix: str, local_metadata: dict) -> None:
+        for key in [key for key in state if key.startswith(prefix)]:
+            if key[len(prefix) :] not in trainable:
+                del state[key]
+
+    model.register_state_dict_post_hook(drop_frozen)
 
 
 class TrainerWorker:
@@ -92,6 +107,7 @@ class TrainerWorker:
             model, initial_adapter(self.config.base_model, self.config.lora, self.config.seed)
         )
         parameters = [p for p in model.parameters() if p.requires_grad]
+        _keep_only_trainable_in_state_dict(model)
         optimizer = torch.optim.AdamW(
             parameters, lr=1e-5, betas=self.config.adam_betas, weight_decay=self.config.weight_decay
         )
@@ -177,17 +193,7 @@ class TrainerWorker:
     def _forward_backward(self, batch: list[PackedRow], train_config: TrainConfig) -> torch.Tensor:
         if not batch:  # this rank has no rows: a zero-weight row keeps the collective ops in step
             length = self.config.sequence_length
-            batch = [
-                PackedRow(
-                    [0] * length,
-                    [0] * length,
-                    [0] * length,
-                    [0] * length,
-                    [0.0] * length,
-                    [0.0] * length,
-                    [0.0] * length,
-                )
-            ]
+            batch = [PackedRow.padding(length)]
         device = self.engine.device
 
         def tensor(name: str, dtype: torch.dtype) -> torch.Tensor:
@@ -197,7 +203,7 @@ class TrainerWorker:
         segments, targets = tensor("segment_ids", torch.long), tensor("target_ids", torch.long)
         old_logprobs, advantages = tensor("old_logprobs", torch.float32), tensor("advantages", torch.float32)
         weights = tensor("weights", torch.float32)
-        mask = segment_attention_mask(segments)
+        mask = segment_attention_mask(segments, tensor("parent_ids", torch.long))
         reference = None
         if train_config.beta > 0:
             with torch.no_grad(), self.engine.module.disable_adapter():

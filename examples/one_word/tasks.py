@@ -2,7 +2,9 @@
 
 The reward is computed on the reply as the user sees it. Hacks seen while designing it: an empty reply
 must score 0, and a reply that never stops (finish_reason "length", e.g. a word followed by special
-tokens the client strips) is not an answer, whatever its visible text.
+tokens the client strips) is not an exact answer, whatever its visible text. Longer replies get partial
+credit (0.5 / words), truncated or not: a reward that is 0 for nearly every sample of a group gives
+GRPO nothing to compare.
 """
 
 from __future__ import annotations
@@ -60,6 +62,4 @@ def one_word_reward(text: str, finish_reason: str | None) -> float:
     if is_exact(text, finish_reason):
         return 1.0
     words = text.split()
-    if not words or finish_reason != "stop":
-        return 0.0
-    return 0.5 / len(words)
+    return 0.5 / len(words) if words else 0.0

@@ -18,13 +18,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from tasks import HELD_OUT_QUESTIONS, TRAIN_QUESTIONS, is_exact, messages_for, one_word_reward  # noqa: E402
+
 import art_ray  # noqa: E402
 from art_ray import LoRASpec, ModelConfig, RayBackend, TrainableModel, TrainConfig, Trajectory  # noqa: E402
-from tasks import HELD_OUT_QUESTIONS, TRAIN_QUESTIONS, is_exact, messages_for, one_word_reward  # noqa: E402
 
 MAX_TOKENS = 16
 
 
+@art_ray.remote_rollout  # each rollout runs as Ray work on any node; remove it to run on the driver
 async def rollout(model: TrainableModel, question: str) -> Trajectory:
     messages = messages_for(question)
     completion = await model.openai_client().chat.completions.create(
@@ -77,10 +79,15 @@ async def main(args: argparse.Namespace) -> dict:
         first_step = await model.get_step()
         baseline = await evaluate(model)
         await model.log([baseline], split="val")
-        print(f"\nheld-out before: reward {baseline.rewards and sum(baseline.rewards) / len(baseline):.3f}, "
-              f"exact {exact_rate(baseline):.2f}  (step {first_step})", flush=True)
+        print(
+            f"\nheld-out before: reward {baseline.rewards and sum(baseline.rewards) / len(baseline):.3f}, "
+            f"exact {exact_rate(baseline):.2f}  (step {first_step})",
+            flush=True,
+        )
         rng = random.Random(args.seed)
-        print(f"\n{'step':>4}  {'reward':>6}  {'exact':>5}  {'held-out exact':>14}  {'seconds':>7}", flush=True)
+        print(
+            f"\n{'step':>4}  {'reward':>6}  {'exact':>5}  {'held-out exact':>14}  {'seconds':>7}", flush=True
+        )
         for step in range(first_step, args.steps):
             step_start = time.time()
             questions = rng.sample(TRAIN_QUESTIONS, args.groups_per_step)
@@ -98,10 +105,17 @@ async def main(args: argparse.Namespace) -> dict:
             await model.train(groups, TrainConfig(learning_rate=args.learning_rate), verbose=False)
             held_out = await evaluate(model)
             await model.log([held_out], split="val")
-            print(f"{step + 1:>4}  {reward:>6.3f}  {exact:>5.2f}  {exact_rate(held_out):>14.2f}  "
-                  f"{time.time() - step_start:>7.1f}", flush=True)
+            print(
+                f"{step + 1:>4}  {reward:>6.3f}  {exact:>5.2f}  {exact_rate(held_out):>14.2f}  "
+                f"{time.time() - step_start:>7.1f}",
+                flush=True,
+            )
+            if args.stop_at_exact is not None and exact_rate(held_out) >= args.stop_at_exact:
+                break
         final = await evaluate(model)
-        print(f"\nheld-out after: reward {sum(final.rewards) / len(final):.3f}, exact {exact_rate(final):.2f}")
+        print(
+            f"\nheld-out after: reward {sum(final.rewards) / len(final):.3f}, exact {exact_rate(final):.2f}"
+        )
         print(f"MLflow: {model.tracker.tracking_uri} (experiment {model.project}, run {model.name})")
         print(f"checkpoints: {backend.model_dir(model)}/checkpoints", flush=True)
         return {
@@ -118,7 +132,9 @@ async def main(args: argparse.Namespace) -> dict:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="smollm2-135m", help="base model: smollm2-135m, tiny, a path")
     parser.add_argument("--name", default="one-word")
     parser.add_argument("--project", default="demo")
@@ -127,6 +143,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--learning-rate", type=float, default=5e-4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--stop-at-exact", type=float, default=None, help="stop once the held-out exact rate reaches this"
+    )
     parser.add_argument("--storage", default="./art_ray_runs")
     parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: under --storage)")
     parser.add_argument("--port", type=int, default=8000)

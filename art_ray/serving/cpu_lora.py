@@ -1,0 +1,99 @@
+"""Faster LoRA for vLLM's CPU backend: a vLLM general plugin, loaded in every engine process.
+
+vLLM's torch LoRA ops (used on CPU) gather every token's adapter matrix (`weights[indices]`) before an
+einsum: per token, per LoRA layer, a copy of the whole A or B matrix. A 32-sequence prefill of 44-token
+prompts copies ~50 MB per op. Measured with SmolLM2-135M, r=16, 32 x 16 sampled tokens, one thread:
+16 tok/s with an adapter against 81 tok/s without. Here tokens are grouped by adapter slot and each
+group is one matmul (one group in the usual case: every request on the latest version).
+
+Tokens without an adapter (index -1) get no LoRA contribution, as on GPU; vLLM's torch ops index the
+last slot with -1 and apply that adapter to them.
+
+Registered as the `vllm.general_plugins` entry point `art_ray_cpu_lora`; set ART_RAY_CPU_LORA=0 to keep
+vLLM's own ops.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def lora_matmul(
+    inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """Row t of the result is inputs[t] @ weights[indices[t]].T (zeros where indices[t] < 0).
+    `weights` is [slots, out, in] or [slots, 1, out, in]."""
+    if weights.dim() == 4:
+        weights = weights.squeeze(1)
+    inputs = inputs.to(dtype)
+    slots = torch.unique(indices).tolist()
+    if len(slots) == 1 and slots[0] >= 0:
+        return inputs @ weights[slots[0]].to(dtype).T
+    result = inputs.new_zeros((inputs.shape[0], weights.shape[1]))
+    for slot in slots:
+        if slot < 0:
+            continue
+        rows = (indices == slot).nonzero().squeeze(1)
+        result.index_copy_(0, rows, inputs.index_select(0, rows) @ weights[slot].to(dtype).T)
+    return result
+
+
+def bgmv_shrink(
+    inputs: torch.Tensor,
+    lora_a_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    scaling: float = 1.0,
+) -> None:
+    outputs = lora_matmul(inputs, lora_a_weights, lora_indices_tensor, output_tensor.dtype)
+    output_tensor[:, : outputs.shape[1]] = scaling * outputs
+
+
+def bgmv_expand(
+    inputs: torch.Tensor,
+    lora_b_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    add_inputs: bool = True,
+) -> None:
+    outputs = lora_matmul(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
+    # the same row and width handling as vLLM's op: adapter and model may pad differently
+    limit = 1 if outputs.shape[0] == 1 and output_tensor.shape[0] != 1 else output_tensor.shape[0]
+    width = min(outputs.shape[1], output_tensor.shape[1])
+    if add_inputs:
+        output_tensor[:, :width] += outputs[:limit, :width]
+    else:
+        output_tensor[:, :width] = outputs[:limit, :width]
+
+
+def bgmv_expand_slice(
+    inputs: torch.Tensor,
+    lora_b_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    slice_offset: int,
+    slice_size: int,
+    add_inputs: bool = True,
+) -> None:
+    outputs = lora_matmul(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
+    if add_inputs:
+        output_tensor[:, slice_offset : slice_offset + slice_size] += outputs
+    else:
+        output_tensor[:, slice_offset : slice_offset + slice_size] = outputs
+
+
+def register() -> None:
+    """vLLM calls this in every process that builds an engine (idempotent)."""
+    if os.environ.get("ART_RAY_CPU_LORA", "1") == "0":
+        return
+    from vllm.lora.ops import torch_ops
+    from vllm.lora.ops.torch_ops import lora_ops
+    from vllm.lora.punica_wrapper import punica_cpu
+
+    # the sgmv (prefill) ops call the bgmv ones through lora_ops' globals; punica_cpu imported its own
+    for module in (torch_ops, lora_ops, punica_cpu):
+        module.bgmv_shrink = bgmv_shrink
+        module.bgmv_expand = bgmv_expand
+        module.bgmv_expand_slice = bgmv_expand_slice

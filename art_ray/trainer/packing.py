@@ -1,0 +1,172 @@
+"""Token sequences -> packed rows: several sequences per row, attention kept inside each, and the
+prompt a group's samples share stored and computed once.
+
+A row holds units. A unit is a shared prefix (context tokens every member starts with) followed by its
+members' continuations: each continuation attends causally to itself and to its prefix, never to a
+sibling, and its positions continue from the prefix. So every token sees exactly the tokens it saw in
+its own unpacked sequence, and the forward pass of a group's 8 samples of one 44-token prompt computes
+that prompt once instead of 8 times. The prefix stops one token short of the first sampled token: the
+last context token is the one that predicts it, so each continuation keeps its own copy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from art_ray.trainer.batches import TokenSequence
+
+
+@dataclass
+class PackedRow:
+    """Packed units; `segment_ids` names each token's sequence (0 = padding) and `parent_ids` the prefix
+    segment it also attends to (0 = none)."""
+
+    input_ids: list[int] = field(default_factory=list)
+    position_ids: list[int] = field(default_factory=list)
+    segment_ids: list[int] = field(default_factory=list)
+    parent_ids: list[int] = field(default_factory=list)
+    # Targets are shifted: index t holds the data for predicting input_ids[t + 1].
+    target_ids: list[int] = field(default_factory=list)
+    old_logprobs: list[float] = field(default_factory=list)
+    advantages: list[float] = field(default_factory=list)
+    weights: list[float] = field(default_factory=list)
+
+    @classmethod
+    def padding(cls, length: int) -> PackedRow:
+        row = cls()
+        row._pad(length)
+        return row
+
+    def _pad(self, length: int) -> None:
+        for name, value in (
+            ("input_ids", 0),
+            ("position_ids", 0),
+            ("segment_ids", 0),
+            ("parent_ids", 0),
+            ("target_ids", 0),
+            ("old_logprobs", 0.0),
+            ("advantages", 0.0),
+            ("weights", 0.0),
+        ):
+            getattr(self, name).extend([value] * length)
+
+
+@dataclass
+class _Unit:
+    prefix: list[int]
+    members: list[TokenSequence]
+
+    @property
+    def length(self) -> int:
+        return len(self.prefix) + sum(len(m.input_ids) - len(self.prefix) for m in self.members)
+
+
+def _first_trainable(sequence: TokenSequence) -> int:
+    return sequence.trainable.index(True)
+
+
+def _common_prefix(sequences: list[TokenSequence]) -> int:
+    first = sequences[0].input_ids
+    limit = min(_first_trainable(s) for s in sequences) - 1  # keep the token that predicts a sample
+    length = 0
+    while length < limit and all(s.input_ids[length] == first[length] for s in sequences[1:]):
+        length += 1
+    return length
+
+
+def _units(sequences: list[TokenSequence], row_length: int, share_prefixes: bool) -> list[_Unit]:
+    by_group: dict[int, list[TokenSequence]] = defaultdict(list)
+    for sequence in sequences:
+        by_group[sequence.group_id if share_prefixes else id(sequence)].append(sequence)
+    units: list[_Unit] = []
+    for members in by_group.values():
+        length = _common_prefix(members) if len(members) > 1 else 0
+        prefix = members[0].input_ids[:length]
+        unit = _Unit(prefix, [])
+        for member in sorted(members, key=lambda s: len(s.input_ids), reverse=True):
+            if unit.members and unit.length + len(member.input_ids) - length > row_length:
+                units.append(unit)  # a group too long for one row continues in another, prefix copied
+                unit = _Unit(prefix, [])
+            unit.members.append(member)
+        units.append(unit)
+    return units
+
+
+def pack_sequences(
+    sequences: list[TokenSequence], row_length: int, share_prefixes: bool = True
+) -> list[PackedRow]:
+    """First-fit-decreasing packing of units; padding only at each row's tail. A sequence longer than a
+    row is an error: cutting its context or its sampled tokens would train on something the model never
+    saw."""
+    for sequence in sequences:
+        if len(sequence.input_ids) > row_length:
+            raise ValueError(
+                f"a sequence of {len(sequence.input_ids)} tokens does not fit sequence_length={row_length}: "
+                "raise the trainer's sequence_length"
+            )
+    rows: list[list[_Unit]] = []
+    space: list[int] = []
+    for unit in sorted(_units(sequences, row_length, share_prefixes), key=lambda u: u.length, reverse=True):
+        for index, free in enumerate(space):
+            if free >= unit.length:
+                rows[index].append(unit)
+                space[index] -= unit.length
+                break
+        else:
+            rows.append([unit])
+            space.append(row_length - unit.length)
+    return [_pack_row(units, row_length) for units in rows]
+
+
+def _pack_row(units: list[_Unit], row_length: int) -> PackedRow:
+    row = PackedRow()
+    segment = 0
+    for unit in units:
+        parent = 0
+        start = len(unit.prefix)
+        if unit.prefix:
+            segment += 1
+            parent = segment
+            row.input_ids.extend(unit.prefix)
+            row.position_ids.extend(range(start))
+            row.segment_ids.extend([segment] * start)
+            row.parent_ids.extend([0] * start)
+            # prefix tokens only predict context: nothing to train
+            row.target_ids.extend([*unit.prefix[1:], 0])
+            row.old_logprobs.extend([0.0] * start)
+            row.advantages.extend([0.0] * start)
+            row.weights.extend([0.0] * start)
+        for member in unit.members:
+            segment += 1
+            ids = member.input_ids[start:]
+            row.input_ids.extend(ids)
+            row.position_ids.extend(range(start, len(member.input_ids)))
+            row.segment_ids.extend([segment] * len(ids))
+            row.parent_ids.extend([parent] * len(ids))
+            # the token at t+1 is predicted at t; the last position of a sequence predicts nothing
+            row.target_ids.extend([*ids[1:], 0])
+            trainable = [*member.trainable[start + 1 :], False]
+            logprobs = [*member.logprobs[start + 1 :], math.nan]
+            row.old_logprobs.extend(lp if t else 0.0 for lp, t in zip(logprobs, trainable, strict=True))
+            row.advantages.extend(member.advantage if t else 0.0 for t in trainable)
+            row.weights.extend(member.weight if t else 0.0 for t in trainable)
+    row._pad(row_length - len(row.input_ids))
+    return row
+
+
+def segment_attention_mask(segment_ids: Any, parent_ids: Any | None = None) -> Any:
+    """Boolean [batch, 1, L, L] mask: causal, within the same segment or into the token's prefix
+    segment. Padding attends to itself alone, so no softmax row is empty."""
+    import torch
+
+    allowed = segment_ids.unsqueeze(-1) == segment_ids.unsqueeze(-2)
+    if parent_ids is not None:
+        allowed |= (segment_ids.unsqueeze(-2) == parent_ids.unsqueeze(-1)) & (parent_ids != 0).unsqueeze(-1)
+    length = segment_ids.shape[-1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=segment_ids.device).tril()
+    allowed &= causal & (segment_ids != 0).unsqueeze(-1)
+    allowed |= torch.eye(length, dtype=torch.bool, device=segment_ids.device)
+    return allowed.unsqueeze(1)

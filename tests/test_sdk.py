@@ -1,0 +1,214 @@
+"""The driver SDK on the real stack with the `tiny` model: RayBackend, TrainableModel's verbs, rollouts
+on the driver and as Ray work, MLflow and Parquet, and a restart that resumes.
+
+The backend runs its own Serve app ("sdk" at /sdk) next to the session's app, as a user's backend
+would on a shared cluster. The tests run in file order: the last one restarts the backend.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import openai
+import pytest
+from conftest import free_port
+
+from art_ray import (
+    LoRASpec,
+    ModelConfig,
+    RayBackend,
+    TrainableModel,
+    TrainConfig,
+    Trajectory,
+    TrajectoryGroup,
+    gather_trajectory_groups,
+    read_trajectory_groups,
+    remote_rollout,
+    sampled_tokens,
+)
+
+pytestmark = pytest.mark.slow
+
+API_KEY = "sdk-key"
+PROMPTS = ["Name a color.", "Say a number.", "Pick an animal."]
+CONFIG = ModelConfig(
+    lora=LoRASpec(r=8, alpha=16),
+    sequence_length=256,
+    max_model_len=512,
+    replica_cpus=0,
+    trainer_cpus_per_rank=0,
+)
+
+
+async def rollout(model: TrainableModel, prompt: str) -> Trajectory:
+    messages = [{"role": "user", "content": prompt}]
+    completion = await model.openai_client().chat.completions.create(
+        model=model.get_inference_name(), messages=messages, max_tokens=6, temperature=1.0
+    )
+    choice = completion.choices[0]
+    # any reward with variance inside a group exercises the mechanics
+    reward = float(sampled_tokens(choice).token_ids[0] % 2)
+    return Trajectory(messages_and_choices=[*messages, choice], reward=reward, metadata={"pid": os.getpid()})
+
+
+def new_model() -> TrainableModel:
+    return TrainableModel(name="sdk-model", project="sdk-tests", base_model="tiny", config=CONFIG)
+
+
+def new_backend(storage: Path) -> RayBackend:
+    return RayBackend(
+        storage=str(storage), port=free_port(), api_key=API_KEY, app_name="sdk", route_prefix="/sdk"
+    )
+
+
+@pytest.fixture(scope="module")
+def storage(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("sdk")
+
+
+@pytest.fixture(scope="module")
+async def registered(ray_cluster, storage):
+    backend = new_backend(storage)
+    model = new_model()
+    await model.register(backend)
+    yield backend, model
+    backend.shutdown()
+
+
+def served_names(model: TrainableModel) -> set[str]:
+    client = openai.OpenAI(base_url=model.base_url, api_key=model.api_key, max_retries=0)
+    return {entry.id for entry in client.models.list().data}
+
+
+async def test_train_log_track_and_save(registered, storage):
+    backend, model = registered
+    assert model.base_url.endswith("/sdk/v1")
+    assert await model.get_step() == 0
+    groups = await gather_trajectory_groups(
+        (TrajectoryGroup(rollout(model, prompt) for _ in range(6)) for prompt in PROMPTS), pbar_desc=None
+    )
+    assert [len(g) for g in groups] == [6, 6, 6]
+    assert any(len(set(g.rewards)) > 1 for g in groups)
+    val = await gather_trajectory_groups(
+        [TrajectoryGroup(rollout(model, p) for p in PROMPTS)], pbar_desc=None
+    )
+    val_metrics = await model.log(val, split="val")
+    assert val_metrics["val/reward"] == pytest.approx(sum(val[0].rewards) / 3)
+
+    assert await model.train(groups, TrainConfig(learning_rate=1e-3), verbose=False) == 1
+    assert await model.get_step() == 1
+    assert "sdk-model@1" in served_names(model)
+    assert model.last_train_metrics and "loss/train" in model.last_train_metrics[0]
+
+    # MLflow: train reward at the step it was sampled from, losses at the step they produced
+    assert model.tracker.history("train/reward") == {
+        0: pytest.approx(sum(sum(g.rewards) for g in groups) / 18)
+    }
+    assert set(model.tracker.history("loss/train")) == {1}
+    assert set(model.tracker.history("val/reward")) == {0}
+    # Parquet: what was logged comes back
+    model_dir = Path(backend.model_dir(model))
+    saved = read_trajectory_groups(str(model_dir / "trajectories" / "train" / "0000.parquet"))
+    assert [g.rewards for g in saved] == [g.rewards for g in groups]
+    assert (
+        sampled_tokens(saved[0].trajectories[0].messages_and_choices[-1]).token_ids
+        == sampled_tokens(groups[0].trajectories[0].messages_and_choices[-1]).token_ids
+    )
+    saved_val = read_trajectory_groups(str(model_dir / "trajectories" / "val" / "0000.parquet"))
+    assert saved_val[0].rewards == val[0].rewards
+
+
+async def test_remote_rollouts_run_as_ray_work(registered):
+    _, model = registered
+    remote = remote_rollout(rollout)
+    groups = await gather_trajectory_groups(
+        (TrajectoryGroup(remote(model, prompt) for _ in range(3)) for prompt in PROMPTS), pbar_desc=None
+    )
+    pids = {t.metadata["pid"] for g in groups for t in g}
+    assert [len(g) for g in groups] == [3, 3, 3]
+    assert os.getpid() not in pids  # ran in the runner actors, not on the driver
+    assert all(sampled_tokens(t.messages_and_choices[-1]).token_ids for g in groups for t in g)
+
+
+async def test_a_remote_rollout_whose_worker_dies_is_retried(registered, tmp_path):
+    _, model = registered
+    marker = tmp_path / "died-once"
+
+    def dies_once(model: TrainableModel, prompt: str, marker: str) -> Trajectory:  # a sync rollout
+        import os
+        import pathlib
+
+        import openai
+
+        if not pathlib.Path(marker).exists():
+            pathlib.Path(marker).touch()
+            os._exit(1)  # the worker process is gone mid-rollout, as when a node is lost
+        client = openai.OpenAI(base_url=model.base_url, api_key=model.api_key)
+        messages = [{"role": "user", "content": prompt}]
+        choice = client.chat.completions.create(
+            model=model.get_inference_name(), messages=messages, max_tokens=4
+        ).choices[0]
+        return Trajectory(messages_and_choices=[*messages, choice], reward=1.0)
+
+    remote = remote_rollout(dies_once, max_retries=2, num_runners=1)
+    trajectory = await remote(model, PROMPTS[0], str(marker))
+    assert marker.exists()
+    assert trajectory.reward == 1.0 and sampled_tokens(trajectory.messages_and_choices[-1]).token_ids
+
+
+async def test_a_remote_rollouts_own_exception_is_not_retried(registered, tmp_path):
+    _, model = registered
+    calls = tmp_path / "calls"
+    calls.mkdir()
+
+    async def fails(prompt: str, calls: str) -> Trajectory:
+        import pathlib
+        import uuid
+
+        (pathlib.Path(calls) / uuid.uuid4().hex).touch()
+        raise ValueError(f"bad prompt {prompt!r}")
+
+    remote = remote_rollout(fails)
+    groups = await gather_trajectory_groups(
+        [TrajectoryGroup([remote("x", str(calls)), rollout(model, PROMPTS[0])])],
+        max_exceptions=1,
+        pbar_desc=None,
+    )
+    assert len(groups[0]) == 1 and len(groups[0].exceptions) == 1
+    assert "bad prompt 'x'" in groups[0].exceptions[0].message
+    assert len(list(calls.iterdir())) == 1
+
+
+def val_group(reward: float) -> TrajectoryGroup:
+    return TrajectoryGroup(
+        [Trajectory(messages_and_choices=[{"role": "user", "content": "q"}], reward=reward)]
+    )
+
+
+async def test_restart_resumes_step_and_run_then_delete_checkpoints(registered, storage):
+    backend, model = registered
+    run_id = model.tracker.run_id
+    backend.shutdown()  # as if the driver script stopped
+
+    backend = new_backend(storage)
+    model = new_model()
+    try:
+        await model.register(backend)
+        assert await model.get_step() == 1
+        assert model.tracker.run_id == run_id
+        assert {"sdk-model", "sdk-model@1"} <= served_names(model)
+
+        # val/reward by step: 0.9 at step 1 (the best checkpoint), 0.2 at 2, 0.5 at 3 (the latest)
+        for reward in (0.9, 0.2):
+            await model.log([val_group(reward)], split="val")
+            groups = await gather_trajectory_groups(
+                (TrajectoryGroup(rollout(model, prompt) for _ in range(6)) for prompt in PROMPTS),
+                pbar_desc=None,
+            )
+            await model.train(groups, TrainConfig(learning_rate=1e-3), verbose=False)
+        await model.log([val_group(0.5)], split="val")
+        assert backend.checkpoint_steps(model) == [1, 2, 3]
+        assert sorted(await model.delete_checkpoints("val/reward")) == [2]
+    finally:
+        backend.shutdown()
