@@ -191,5 +191,7 @@ class RayBackend:
             ray.shutdown()
             self._started_ray = False
         elif self._base_model is not None and ray.is_initialized():
-            serve.delete(self.app_name)
+            from art_ray.serving.launch import stop_inference
+
+            stop_inference(self.app_name)
         self._base_model = None

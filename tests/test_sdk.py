@@ -27,6 +27,9 @@ from art_ray import (
     remote_rollout,
     sampled_tokens,
 )
+from art_ray.adapters.lora_files import initial_adapter
+from art_ray.adapters.registry import publish_adapter
+from art_ray.models import resolve_base_model
 
 pytestmark = pytest.mark.slow
 
@@ -210,5 +213,10 @@ async def test_restart_resumes_step_and_run_then_delete_checkpoints(registered, 
         await model.log([val_group(0.5)], split="val")
         assert backend.checkpoint_steps(model) == [1, 2, 3]
         assert sorted(await model.delete_checkpoints("val/reward")) == [2]
+        assert backend.checkpoint_steps(model) == [1, 3]
     finally:
         backend.shutdown()
+    # the deleted app no longer takes part in publishing (other apps on the cluster keep training)
+    spec = LoRASpec(r=8, alpha=16)
+    base_model = resolve_base_model("tiny")
+    assert await publish_adapter("after-sdk", 0, base_model, spec, initial_adapter(base_model, spec)) >= 0

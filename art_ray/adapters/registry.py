@@ -16,6 +16,7 @@ from typing import Any
 
 import pydantic
 import ray
+from ray.serve.exceptions import RayServeException
 
 from art_ray.adapters.lora_files import LoRASpec, PackedAdapter, pack_adapter, validate_model_name
 
@@ -107,12 +108,13 @@ class LoRARegistry:
                         subscription.deployment_name, subscription.app_name
                     )
                 response = self._handles[key].broadcast("load_adapter", version)
-            except Exception as error:  # the app was deleted: nobody to serve it there any more
+                results = await response.results_async(timeout_s=timeout_s)
+            except RayServeException as error:  # the app was deleted: nobody serves it there any more
                 logger.warning("dropping subscription %s: %s", subscription, error)
                 self.unsubscribe(subscription.app_name, subscription.deployment_name)
                 return 0
-            results = await response.results_async(timeout_s=timeout_s)
-            return len(results)
+            # replicas of apps on another base model answer without loading it
+            return sum(version.step in served.get(version.model, []) for served in results)
 
         counts = await asyncio.gather(*(push(s) for s in list(self._subscriptions.values())))
         return sum(counts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ray
 from ray import serve
 
 from art_ray.serving.config import ServingConfig
@@ -26,4 +27,9 @@ def start_inference(config: ServingConfig, host: str = DEFAULT_HOST, port: int =
 
 
 def stop_inference(app_name: str) -> None:
+    """Delete the app and its subscription to adapter versions."""
+    from art_ray.adapters.registry import get_registry
+    from art_ray.serving.replica import DEPLOYMENT_NAME
+
+    ray.get(get_registry().unsubscribe.remote(app_name, DEPLOYMENT_NAME))
     serve.delete(app_name)

@@ -51,8 +51,13 @@ class InferenceReplica:
 
     async def load_adapter(self, version: AdapterVersion) -> dict[str, list[int]]:
         """Called on every replica by the registry's broadcast; returns what this replica serves."""
-        await self._adapters.load(version)
+        if self._serves_base(version):
+            await self._adapters.load(version)
         return self._adapters.served_models()
+
+    def _serves_base(self, version: AdapterVersion) -> bool:
+        # The registry is cluster-wide; apps on other base models ignore versions that are not theirs.
+        return version.base_model == self._config.engine.model
 
     async def load_adapter_folder(self, model: str, step: int, folder: str) -> dict[str, list[int]]:
         """Serve a PEFT adapter folder on this node's disk (e.g. a checkpoint) as `model@step`."""
@@ -67,6 +72,8 @@ class InferenceReplica:
 
     async def _sync_with_registry(self) -> None:
         for version in await self._registry.latest_versions.remote():
+            if not self._serves_base(version):
+                continue
             if self._adapters.latest_step(version.model) is None or (
                 version.step > (self._adapters.latest_step(version.model) or 0)
             ):
