@@ -7,6 +7,7 @@ With no address it starts an embedded local Ray (CPU defaults); with "auto", "ra
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,25 @@ if TYPE_CHECKING:
 
 class BackendError(RuntimeError):
     pass
+
+
+def _driver_code_path() -> str:
+    """The driver's own code folders (not the interpreter's or installed packages'), for the workers of
+    an embedded cluster: a remote rollout defined in a module the driver imported from anywhere must
+    import on the workers too. (On a real cluster, a job's working_dir does this.)"""
+    import site
+    import sysconfig
+
+    installed = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    installed.update(site.getsitepackages())
+    folders = [
+        os.path.abspath(entry or os.curdir)
+        for entry in sys.path
+        if os.path.isdir(entry or os.curdir)
+        and not any(os.path.abspath(entry or os.curdir).startswith(prefix) for prefix in installed)
+    ]
+    existing = os.environ.get("PYTHONPATH")
+    return os.pathsep.join(dict.fromkeys([*folders, *([existing] if existing else [])]))
 
 
 class RayBackend:
@@ -79,6 +99,7 @@ class RayBackend:
                 num_cpus=self.num_cpus or max(2, os.cpu_count() or 2),
                 include_dashboard=False,
                 log_to_driver=False,
+                runtime_env={"env_vars": {"PYTHONPATH": _driver_code_path()}},
             )
             self._started_ray = True
         else:

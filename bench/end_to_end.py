@@ -146,7 +146,7 @@ config = GRPOConfig(
     output_dir={out!r}, learning_rate={lr}, per_device_train_batch_size=32, num_generations=8,
     max_completion_length=16, temperature=1.0, beta=0.0, logging_steps=1, max_steps={max_steps},
     use_cpu=True, report_to="none", save_strategy="no", shuffle_dataset=False, seed={seed},
-    lr_scheduler_type="constant", warmup_ratio=0.0,
+    lr_scheduler_type="constant",
 )
 trainer = GRPOTrainer(
     model=model, reward_funcs=reward, args=config, train_dataset=Dataset.from_list(prompts),

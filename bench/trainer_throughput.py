@@ -165,9 +165,9 @@ class Timer(TrainerCallback):
         seconds.append(time.perf_counter() - marks["begin"])
 
 questions = list(by_question)
-dataset = Dataset.from_list(
-    [{{"prompt": [{{"role": "user", "content": q + " Reply with exactly one word."}}]}} for q in questions] * ({steps} + 1)
-)
+suffix = " Reply with exactly one word."
+prompts = [{{"prompt": [{{"role": "user", "content": q + suffix}}]}} for q in questions]
+dataset = Dataset.from_list(prompts * ({steps} + 1))
 config = GRPOConfig(
     output_dir={out!r}, learning_rate=5e-4, per_device_train_batch_size={batch}, num_generations={samples},
     max_completion_length={completion_tokens}, beta=0.0, logging_steps=1, max_steps={steps} + 1, use_cpu=True,
@@ -212,7 +212,9 @@ def trl_tokens_per_second(base_model: str, data: dict, args: argparse.Namespace)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=3, help="measured steps (after one warm-up)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()

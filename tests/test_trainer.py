@@ -24,7 +24,7 @@ SPEC = LoRASpec(r=8, alpha=16)  # the shape the session's app published for step
 PROMPTS = ["Name a color.", "Say a number.", "Pick an animal."]
 
 
-def trainer_config(app, name: str, storage, world_size: int = 1) -> TrainerConfig:
+def trainer_config(app, name: str, storage, world_size: int = 1, zero_stage: int = 0) -> TrainerConfig:
     return TrainerConfig(
         model=name,
         project="tests",
@@ -32,6 +32,7 @@ def trainer_config(app, name: str, storage, world_size: int = 1) -> TrainerConfi
         lora=SPEC,
         storage=str(storage),
         world_size=world_size,
+        zero_stage=zero_stage,
         num_cpus_per_rank=0.25,
         sequence_length=256,
     )
@@ -118,8 +119,10 @@ def test_train_streams_metrics_publishes_and_the_served_model_changes(
     assert greedy(inference_app, "trainee@0") == before
 
 
-async def trained_adapter(app, groups, storage, world_size: int, calls: int = 1) -> dict[str, torch.Tensor]:
-    group = TrainerGroup(trainer_config(app, "equivalence", storage, world_size), publish=False)
+async def trained_adapter(
+    app, groups, storage, world_size: int, calls: int = 1, zero_stage: int = 0
+) -> dict[str, torch.Tensor]:
+    group = TrainerGroup(trainer_config(app, "equivalence", storage, world_size, zero_stage), publish=False)
     await group.start()
     for _ in range(calls):
         await run_train(group, groups, TrainConfig(learning_rate=1e-2, num_gradient_steps=2))
@@ -128,17 +131,29 @@ async def trained_adapter(app, groups, storage, world_size: int, calls: int = 1)
     return adapter
 
 
-def assert_same_adapter(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> None:
+def assert_same_adapter(
+    first: dict[str, torch.Tensor], second: dict[str, torch.Tensor], atol: float = 1e-6
+) -> None:
     assert first.keys() == second.keys()
     for name in first:
-        torch.testing.assert_close(first[name], second[name], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(first[name], second[name], atol=atol, rtol=1e-5)
 
 
-def test_world_size_2_gives_the_same_adapter_as_world_size_1(inference_app, rollouts, tmp_path) -> None:
-    one = asyncio.run(trained_adapter(inference_app, rollouts, tmp_path / "one", world_size=1))
-    two = asyncio.run(trained_adapter(inference_app, rollouts, tmp_path / "two", world_size=2))
-    assert_same_adapter(one, two)
-    assert any(tensor.abs().sum() > 0 for name, tensor in one.items() if "lora_B" in name)
+@pytest.fixture(scope="module")
+def one_rank_adapter(inference_app, rollouts, tmp_path_factory) -> dict[str, torch.Tensor]:
+    adapter = asyncio.run(trained_adapter(inference_app, rollouts, tmp_path_factory.mktemp("one"), 1))
+    assert any(tensor.abs().sum() > 0 for name, tensor in adapter.items() if "lora_B" in name)
+    return adapter
+
+
+@pytest.mark.parametrize("zero_stage", [0, 1, 2, 3])
+def test_world_size_2_gives_the_same_adapter_as_world_size_1(
+    inference_app, rollouts, one_rank_adapter, tmp_path, zero_stage
+) -> None:
+    two = asyncio.run(trained_adapter(inference_app, rollouts, tmp_path, 2, zero_stage=zero_stage))
+    # ZeRO-3 partitions the parameters and reduce-scatters gradients in another summation order; Adam
+    # turns that into differences of a few 1e-6 on near-zero gradients (the update itself is ~1e-2).
+    assert_same_adapter(one_rank_adapter, two, atol=2e-5 if zero_stage == 3 else 1e-6)
 
 
 def test_resumed_run_equals_an_uninterrupted_one(inference_app, rollouts, tmp_path) -> None:
