@@ -41,7 +41,8 @@ lint: setup
 	$(VENV)/bin/ruff format --check art_ray tests bench examples
 
 bench: setup
-	@for script in bench/*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
+	$(PIP) install --quiet -e ".[$(DEVICE),dev,bench]"
+	@for script in serve_overhead lora_sync trainer_throughput rollout_scale end_to_end; do script=bench/$$script.py; echo "== $$script"; $(PY) $$script || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info art_ray_runs
