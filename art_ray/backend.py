@@ -38,12 +38,11 @@ def _driver_code_path() -> str:
 
     installed = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
     installed.update(site.getsitepackages())
-    folders = [
-        os.path.abspath(entry or os.curdir)
-        for entry in sys.path
-        if os.path.isdir(entry or os.curdir)
-        and not any(os.path.abspath(entry or os.curdir).startswith(prefix) for prefix in installed)
-    ]
+    folders = []
+    for entry in sys.path:
+        folder = os.path.abspath(entry or os.curdir)
+        if os.path.isdir(folder) and not folder.startswith(tuple(installed)):
+            folders.append(folder)
     existing = os.environ.get("PYTHONPATH")
     return os.pathsep.join(dict.fromkeys([*folders, *([existing] if existing else [])]))
 

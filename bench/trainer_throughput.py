@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -202,7 +203,7 @@ def trl_tokens_per_second(base_model: str, data: dict, args: argparse.Namespace)
             capture_output=True,
             text=True,
             timeout=1800,
-            env={"TRL_EXPERIMENTAL_SILENCE": "1", **__import__("os").environ},
+            env={"TRL_EXPERIMENTAL_SILENCE": "1", **os.environ},
         )
     if completed.returncode != 0:
         raise RuntimeError(f"TRL run failed:\n{completed.stderr[-3000:]}")

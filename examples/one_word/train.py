@@ -26,11 +26,15 @@ from art_ray import LoRASpec, ModelConfig, RayBackend, TrainableModel, TrainConf
 MAX_TOKENS = 16
 
 
-@art_ray.remote_rollout  # each rollout runs as Ray work on any node; remove it to run on the driver
-async def rollout(model: TrainableModel, question: str) -> Trajectory:
+async def answer(
+    model: TrainableModel, question: str, temperature: float, step: int | None = None
+) -> Trajectory:
     messages = messages_for(question)
     completion = await model.openai_client().chat.completions.create(
-        model=model.get_inference_name(), messages=messages, max_tokens=MAX_TOKENS, temperature=1.0
+        model=model.get_inference_name(step),
+        messages=messages,
+        max_tokens=MAX_TOKENS,
+        temperature=temperature,
     )
     choice = completion.choices[0]
     text = choice.message.content or ""
@@ -41,24 +45,16 @@ async def rollout(model: TrainableModel, question: str) -> Trajectory:
     )
 
 
+@art_ray.remote_rollout  # each rollout runs as Ray work on any node; remove it to run on the driver
+async def rollout(model: TrainableModel, question: str) -> Trajectory:
+    return await answer(model, question, temperature=1.0)
+
+
 async def evaluate(model: TrainableModel, step: int | None = None) -> art_ray.TrajectoryGroup:
     """Greedy answers to the held-out questions, as one group."""
-    client = model.openai_client()
-
-    async def answer(question: str) -> Trajectory:
-        messages = messages_for(question)
-        completion = await client.chat.completions.create(
-            model=model.get_inference_name(step), messages=messages, max_tokens=MAX_TOKENS, temperature=0
-        )
-        choice = completion.choices[0]
-        text = choice.message.content or ""
-        return Trajectory(
-            messages_and_choices=[*messages, choice],
-            reward=one_word_reward(text, choice.finish_reason),
-            metrics={"exact": float(is_exact(text, choice.finish_reason))},
-        )
-
-    return art_ray.TrajectoryGroup(await asyncio.gather(*(answer(q) for q in HELD_OUT_QUESTIONS)))
+    return art_ray.TrajectoryGroup(
+        await asyncio.gather(*(answer(model, q, temperature=0.0, step=step) for q in HELD_OUT_QUESTIONS))
+    )
 
 
 def exact_rate(group: art_ray.TrajectoryGroup) -> float:
@@ -84,6 +80,7 @@ async def main(args: argparse.Namespace) -> dict:
             f"exact {exact_rate(baseline):.2f}  (step {first_step})",
             flush=True,
         )
+        held_out = baseline  # greedy, so the latest evaluation is the final one
         rng = random.Random(args.seed)
         print(
             f"\n{'step':>4}  {'reward':>6}  {'exact':>5}  {'held-out exact':>14}  {'seconds':>7}", flush=True
@@ -112,7 +109,7 @@ async def main(args: argparse.Namespace) -> dict:
             )
             if args.stop_at_exact is not None and exact_rate(held_out) >= args.stop_at_exact:
                 break
-        final = await evaluate(model)
+        final = held_out
         print(
             f"\nheld-out after: reward {sum(final.rewards) / len(final):.3f}, exact {exact_rate(final):.2f}"
         )
