@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import ray
 
-from art_ray.models import resolve_base_model
+from art_ray.models import default_tool_call_parser, resolve_base_model
 from art_ray.serving.config import ServingConfig
 from art_ray.serving.engine_config import EngineConfig, detect_device
 from art_ray.train_config import TrainConfig
@@ -127,7 +127,7 @@ class RayBackend:
             replica_num_gpus=gpus * config.tensor_parallel_size,
             api_key=self.api_key,
             keep_versions=config.keep_versions,
-            tool_call_parser=config.tool_call_parser,
+            tool_call_parser=config.tool_call_parser or default_tool_call_parser(model.base_model),
             chat_template=config.chat_template,
         )
 

@@ -31,5 +31,7 @@ class ModelConfig(pydantic.BaseModel):
     engine_threads: int | None = 1
     tensor_parallel_size: int = pydantic.Field(default=1, ge=1)
     gpu_memory_utilization: float = pydantic.Field(default=0.85, gt=0, le=1)
+    # vLLM's tool parser (None: "hermes" for the local models, whose template renders Hermes tool calls;
+    # tool calls stay plain text for other models unless set, e.g. "hermes" for Qwen2.5, "llama3_json").
     tool_call_parser: str | None = None
     chat_template: str | None = None

@@ -60,7 +60,7 @@ class InferenceApp:
 def inference_app(ray_cluster) -> InferenceApp:
     from art_ray.adapters.lora_files import LoRASpec, initial_adapter
     from art_ray.adapters.registry import publish_adapter
-    from art_ray.models import TINY, prepare
+    from art_ray.models import TINY, default_tool_call_parser, prepare
     from art_ray.serving.config import ServingConfig
     from art_ray.serving.engine_config import EngineConfig
     from art_ray.serving.launch import start_inference
@@ -72,6 +72,7 @@ def inference_app(ray_cluster) -> InferenceApp:
         replica_num_cpus=1,
         api_key=API_KEY,
         keep_versions=3,
+        tool_call_parser=default_tool_call_parser(TINY),
     )
     base_url = start_inference(config, port=free_port())
     spec = LoRASpec(r=8, alpha=16)
@@ -80,3 +81,35 @@ def inference_app(ray_cluster) -> InferenceApp:
     return InferenceApp(
         base_url=base_url, api_key=API_KEY, base_model=base_model, app_name=config.app_name, model=MODEL
     )
+
+
+@dataclass
+class SmolModel:
+    backend: object
+    model: object
+
+
+@pytest.fixture(scope="session")
+async def smollm2_model(ray_cluster, tmp_path_factory) -> SmolModel:
+    """SmolLM2-135M-Instruct served and trainable through a RayBackend of its own ("smol" at /smol):
+    the tests that need a model that follows instructions (tool calls, a judge) share it."""
+    from art_ray import LoRASpec, ModelConfig, RayBackend, TrainableModel
+
+    backend = RayBackend(
+        storage=str(tmp_path_factory.mktemp("smol")), port=free_port(), app_name="smol", route_prefix="/smol"
+    )
+    model = TrainableModel(
+        name="smol",
+        project="tests",
+        base_model="smollm2-135m",
+        config=ModelConfig(
+            lora=LoRASpec(r=8, alpha=16),
+            sequence_length=512,
+            max_model_len=1024,
+            replica_cpus=0,
+            trainer_cpus_per_rank=0,
+        ),
+    )
+    await model.register(backend)
+    yield SmolModel(backend=backend, model=model)
+    backend.shutdown()

