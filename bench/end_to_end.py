@@ -7,8 +7,9 @@ order. Time to threshold = seconds of training (model/engine start excluded, rep
 step's samples reach the mean reward `--threshold`. art-ray runs as the demo does (vLLM engine and
 DeepSpeed trainer with one thread each); TRL runs in its own process with both cores.
 
-Engine busy fraction: the share of art-ray's loop wall time spent in rollout phases, where the engine
-decodes (the loop is synchronous: sampling, then training, then publishing).
+Engine busy fraction: the share of the loop wall time spent in rollout phases, where the engine decodes.
+Two loops (`--modes`): "sync" samples, trains, publishes, samples again; "overlap" samples step N+1
+while step N trains (one step off-policy, corrected by the importance ratio on the sampling logprobs).
 Last line: {"bench": "end_to_end", "ratio": art-ray time / TRL time, "busy_fraction": ..., ...}.
 """
 
@@ -40,68 +41,128 @@ def question_batches(seed: int, steps: int) -> list[list[str]]:
     return [rng.sample(TRAIN_QUESTIONS, GROUPS_PER_STEP) for _ in range(steps)]
 
 
-async def art_ray_run(args: argparse.Namespace, storage: str) -> dict:
+async def gather_step(model, questions: list[str]) -> tuple[list, float]:
     import train  # examples/one_word/train.py: the rollout the demo uses (as Ray work)
 
     import art_ray
-    from art_ray import LoRASpec, ModelConfig, RayBackend, TrainableModel, TrainConfig
+
+    started = time.perf_counter()
+    groups = await art_ray.gather_trajectory_groups(
+        (art_ray.TrajectoryGroup(train.rollout(model, q) for _ in range(GROUP_SIZE)) for q in questions),
+        pbar_desc=None,
+    )
+    return groups, time.perf_counter() - started
+
+
+async def train_step(model, groups: list) -> dict:
+    from art_ray import TrainConfig
+
+    started = time.perf_counter()
+    await model.train(groups, TrainConfig(learning_rate=LEARNING_RATE), verbose=False)
+    total_s = time.perf_counter() - started
+    summary = model.last_train_summary
+    train_s = sum(m["time/step_seconds"] for m in model.last_train_metrics)
+    checkpoint_s, publish_s = summary["time/checkpoint_seconds"], summary["time/publish_seconds"]
+    return {
+        "train_s": train_s,
+        "checkpoint_s": checkpoint_s,
+        "publish_s": publish_s,
+        "other_s": total_s - train_s - checkpoint_s - publish_s,
+    }
+
+
+async def dump_stacks_when_stalled(progress: list[float], stall_seconds: float) -> None:
+    """A loop that makes no progress for `stall_seconds` prints where each of its tasks waits."""
+    while True:
+        await asyncio.sleep(10)
+        if time.perf_counter() - progress[0] > stall_seconds:
+            print(f"no progress for {stall_seconds:.0f} s; the driver's tasks:", file=sys.stderr, flush=True)
+            for task in asyncio.all_tasks():
+                task.print_stack(file=sys.stderr)
+            progress[0] = time.perf_counter()
+
+
+async def run_loop(model, args: argparse.Namespace, overlap: bool) -> dict:
+    """Sampling and training steps until a step's samples reach the threshold.
+
+    overlap=False: sample, train, sample, ... (each step samples from the newest policy).
+    overlap=True: step N+1 samples while step N trains, from the policy of step N-1 (one step off-policy;
+    the trainer's importance ratio uses the sampling logprobs). The engine and the trainer each keep a core.
+    """
+    batches = question_batches(args.seed, args.max_steps)
+    steps: list[dict] = []
+    reached = None
+    loop_start = time.perf_counter()
+    progress = [loop_start]
+    watchdog = asyncio.ensure_future(dump_stacks_when_stalled(progress, args.stall_seconds))
+    pending_rollout = asyncio.ensure_future(gather_step(model, batches[0]))
+    pending_train: asyncio.Future | None = None
+    for index in range(len(batches)):
+        step_start = time.perf_counter()
+        groups, rollout_s = await pending_rollout
+        reward = sum(t.reward for g in groups for t in g) / sum(len(g) for g in groups)
+        if pending_train is not None:
+            steps[-1].update(await pending_train)
+        steps.append({"reward": reward, "rollout_s": rollout_s})
+        progress[0] = time.perf_counter()
+        if reward >= args.threshold:
+            reached = time.perf_counter() - loop_start
+            break
+        if index + 1 == len(batches):
+            break
+        pending_train = asyncio.ensure_future(train_step(model, groups))
+        if overlap:
+            pending_rollout = asyncio.ensure_future(gather_step(model, batches[index + 1]))
+        else:
+            steps[-1].update(await pending_train)
+            pending_train = None
+            pending_rollout = asyncio.ensure_future(gather_step(model, batches[index + 1]))
+        print(
+            f"art-ray {'overlap' if overlap else 'sync'} step {len(steps)}: reward {reward:.3f}  "
+            f"rollout {rollout_s:.1f} s  (step started {step_start - loop_start:.1f} s into the loop)",
+            flush=True,
+        )
+    loop_s = time.perf_counter() - loop_start
+    if pending_train is not None:
+        await pending_train
+    watchdog.cancel()
+    return {
+        "seconds_to_threshold": reached,
+        "loop_s": loop_s,
+        "steps": steps,
+        # rollouts never overlap each other, so their sum is the engine's busy time
+        "busy_fraction": sum(s["rollout_s"] for s in steps) / loop_s,
+    }
+
+
+async def art_ray_run(args: argparse.Namespace, storage: str) -> dict[str, dict]:
+    from art_ray import LoRASpec, ModelConfig, RayBackend, TrainableModel
 
     start = time.perf_counter()
     backend = RayBackend(storage=storage, port=free_port())
-    model = TrainableModel(
-        name="bench",
-        project="bench",
-        base_model="smollm2-135m",
-        config=ModelConfig(lora=LoRASpec(r=16, alpha=32), sequence_length=256, max_model_len=512),
-    )
-    steps: list[dict] = []
+    runs: dict[str, dict] = {}
     try:
-        await model.register(backend)
-        startup = time.perf_counter() - start
-        loop_start = time.perf_counter()
-        reached = None
-        for questions in question_batches(args.seed, args.max_steps):
-            phase = time.perf_counter()
-            groups = await art_ray.gather_trajectory_groups(
-                (
-                    art_ray.TrajectoryGroup(train.rollout(model, q) for _ in range(GROUP_SIZE))
-                    for q in questions
+        for mode in args.modes:
+            model = TrainableModel(
+                name=f"bench-{mode}",
+                project="bench",
+                base_model="smollm2-135m",
+                config=ModelConfig(
+                    lora=LoRASpec(r=16, alpha=32),
+                    sequence_length=256,
+                    max_model_len=512,
+                    engine_threads=args.engine_threads,
+                    trainer_threads=args.trainer_threads,
                 ),
-                pbar_desc=None,
             )
-            rollout_s = time.perf_counter() - phase
-            reward = sum(t.reward for g in groups for t in g) / sum(len(g) for g in groups)
-            phase = time.perf_counter()
-            await model.train(groups, TrainConfig(learning_rate=LEARNING_RATE), verbose=False)
-            total_s = time.perf_counter() - phase
-            summary = model.last_train_summary
-            train_s = sum(m["time/step_seconds"] for m in model.last_train_metrics)
-            steps.append(
-                {
-                    "reward": reward,
-                    "rollout_s": rollout_s,
-                    "train_s": train_s,
-                    "checkpoint_s": summary["time/checkpoint_seconds"],
-                    "publish_s": summary["time/publish_seconds"],
-                    "other_s": total_s
-                    - train_s
-                    - summary["time/checkpoint_seconds"]
-                    - summary["time/publish_seconds"],
-                }
-            )
-            print(f"art-ray step {len(steps)}: reward {reward:.3f}  {rollout_s + total_s:.1f} s", flush=True)
-            if reward >= args.threshold:
-                reached = time.perf_counter() - loop_start
-                break
-        loop_s = time.perf_counter() - loop_start
+            await model.register(backend)
+            if not runs:
+                startup = time.perf_counter() - start
+            runs[mode] = await run_loop(model, args, overlap=mode == "overlap")
+            runs[mode]["startup_s"] = startup
     finally:
         backend.shutdown()
-    return {
-        "startup_s": startup,
-        "seconds_to_threshold": reached,
-        "steps": steps,
-        "busy_fraction": sum(s["rollout_s"] for s in steps) / loop_s,
-    }
+    return runs
 
 
 TRL_SCRIPT = r"""
@@ -192,41 +253,59 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument(
+        "--modes",
+        type=lambda text: text.split(","),
+        default=["sync", "overlap"],
+        help="art-ray loops to run, in order; the first is the headline (and pays the runner start)",
+    )
+    parser.add_argument("--stall-seconds", type=float, default=180, help="print the loop's tasks after")
+    parser.add_argument("--engine-threads", type=int, default=1, help="the vLLM engine's torch threads")
+    parser.add_argument("--trainer-threads", type=int, default=1, help="the trainer's torch threads")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as workdir:
         ours = asyncio.run(art_ray_run(args, f"{workdir}/art_ray"))
         theirs = None if args.skip_trl else trl_run(args, f"{workdir}/trl")
 
-    steps = ours["steps"]
-    mean = {key: sum(s[key] for s in steps) / len(steps) for key in steps[0] if key != "reward"}
-    print_table(
-        "art-ray: seconds per step (mean over the run)",
-        ["rollout", "train", "checkpoint", "publish", "other", "total", "engine busy"],
-        [
+    phases = ("rollout_s", "train_s", "checkpoint_s", "publish_s", "other_s")
+    breakdown, rows = [], []
+    for mode, run in ours.items():
+        trained = [s for s in run["steps"] if "train_s" in s]
+        mean = {key: sum(s[key] for s in trained) / max(1, len(trained)) for key in phases}
+        run["mean"] = mean
+        run["seconds_per_step"] = run["loop_s"] / len(run["steps"])
+        breakdown.append([mode, *(mean[k] for k in phases), run["seconds_per_step"], run["busy_fraction"]])
+        rows.append(
             [
-                *(mean[k] for k in ("rollout_s", "train_s", "checkpoint_s", "publish_s", "other_s")),
-                sum(mean.values()),
-                ours["busy_fraction"],
+                f"art-ray ({mode})",
+                run["startup_s"],
+                len(run["steps"]),
+                run["seconds_per_step"],
+                run["steps"][-1]["reward"],
+                run["seconds_to_threshold"],
             ]
-        ],
+        )
+    print_table(
+        "art-ray: seconds per trained step (mean; wall per step includes overlap)",
+        ["loop", "rollout", "train", "checkpoint", "publish", "other", "wall/step", "engine busy"],
+        breakdown,
     )
-    rows = [
-        [
-            "art-ray",
-            ours["startup_s"],
-            len(steps),
-            sum(sum(s.values()) - s["reward"] for s in steps) / len(steps),
-            steps[-1]["reward"],
-            ours["seconds_to_threshold"],
-        ]
-    ]
+    headline_mode = args.modes[0]
+    headline = ours[headline_mode]
     result = {
         "bench": "end_to_end",
         "threshold": args.threshold,
-        "art_ray_seconds": ours["seconds_to_threshold"],
-        "art_ray_steps": len(steps),
-        "busy_fraction": round(ours["busy_fraction"], 3),
-        **{f"art_ray_{k}": round(v, 2) for k, v in mean.items()},
+        "mode": headline_mode,
+        "art_ray_seconds": headline["seconds_to_threshold"],
+        "art_ray_steps": len(headline["steps"]),
+        "busy_fraction": round(headline["busy_fraction"], 3),
+        "art_ray_seconds_per_step": round(headline["seconds_per_step"], 2),
+        **{f"art_ray_{k}": round(v, 2) for k, v in headline["mean"].items()},
+        **{
+            f"{mode}_seconds": run["seconds_to_threshold"]
+            for mode, run in ours.items()
+            if mode != headline_mode
+        },
     }
     if theirs is not None:
         trl_steps = theirs["steps"]
@@ -242,10 +321,10 @@ def main() -> None:
         )
         result["trl_seconds"] = theirs["seconds_to_threshold"]
         result["trl_steps"] = len(trl_steps)
-        if ours["seconds_to_threshold"] and theirs["seconds_to_threshold"]:
-            result["ratio"] = round(ours["seconds_to_threshold"] / theirs["seconds_to_threshold"], 3)
-        else:
-            result["ratio"] = None
+        for mode, run in ours.items():
+            key = "ratio" if mode == headline_mode else f"ratio_{mode}"
+            ours_s, theirs_s = run["seconds_to_threshold"], theirs["seconds_to_threshold"]
+            result[key] = round(ours_s / theirs_s, 3) if ours_s and theirs_s else None
     print_table(
         f"time to a step reward >= {args.threshold} (seconds of training; start-up apart)",
         ["system", "start-up s", "steps", "s/step", "last reward", "seconds to threshold"],
