@@ -125,6 +125,7 @@ class RayBackend:
             num_replicas=config.num_replicas,
             replica_num_cpus=config.replica_cpus,
             replica_num_gpus=gpus * config.tensor_parallel_size,
+            replica_resources=config.replica_resources,
             api_key=self.api_key,
             keep_versions=config.keep_versions,
             tool_call_parser=config.tool_call_parser or default_tool_call_parser(model.base_model),
@@ -148,6 +149,7 @@ class RayBackend:
             num_cpus_per_rank=config.trainer_cpus_per_rank,
             num_gpus_per_rank=gpus if gpus is not None else (1.0 if on_gpu else 0.0),
             torch_threads=config.trainer_threads,
+            resources_per_rank=config.trainer_resources,
             seed=config.seed,
         )
 

@@ -21,6 +21,9 @@ class ModelConfig(pydantic.BaseModel):
     trainer_cpus_per_rank: float = pydantic.Field(default=1.0, ge=0)
     trainer_gpus_per_rank: float | None = None  # None: 1 on a GPU cluster, 0 on CPU
     trainer_threads: int = pydantic.Field(default=1, ge=1)
+    # Custom Ray resources per trainer rank / inference replica: pin them to node types of the cluster
+    # (cluster.yaml gives worker types resources such as {"trainer_node": 1}).
+    trainer_resources: dict[str, float] = pydantic.Field(default_factory=dict)
     seed: int = 0
     # serving
     num_replicas: int = pydantic.Field(default=1, ge=1)
@@ -28,6 +31,7 @@ class ModelConfig(pydantic.BaseModel):
     keep_versions: int = pydantic.Field(default=3, ge=1)
     replica_cpus: float = pydantic.Field(default=1.0, ge=0)
     replica_gpus: float | None = None  # None: 1 on a GPU cluster, 0 on CPU
+    replica_resources: dict[str, float] = pydantic.Field(default_factory=dict)
     engine_threads: int | None = 1
     tensor_parallel_size: int = pydantic.Field(default=1, ge=1)
     gpu_memory_utilization: float = pydantic.Field(default=0.85, gt=0, le=1)

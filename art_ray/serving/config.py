@@ -19,6 +19,8 @@ class ServingConfig(pydantic.BaseModel):
     # CPUs Ray reserves per replica; on a 2-core box the engine gets one and the trainer the other.
     replica_num_cpus: float = pydantic.Field(default=1.0, ge=0)
     replica_num_gpus: float = pydantic.Field(default=0.0, ge=0)
+    # Custom Ray resources per replica: pins replicas to node types (e.g. {"inference_node": 1}).
+    replica_resources: dict[str, float] = pydantic.Field(default_factory=dict)
     # Bearer key required on /v1 routes when set.
     api_key: str | None = None
     # Tool calling: vLLM's parser for the model's tool-call format (e.g. "hermes"), and a chat template

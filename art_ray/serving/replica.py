@@ -100,6 +100,8 @@ def replica_actor_options(config: ServingConfig) -> dict:
     options: dict = {"num_cpus": config.replica_num_cpus}
     if config.replica_num_gpus:
         options["num_gpus"] = config.replica_num_gpus
+    if config.replica_resources:
+        options["resources"] = dict(config.replica_resources)
     env = config.engine.env_vars()
     if env:
         options["runtime_env"] = {"env_vars": env}

@@ -32,6 +32,8 @@ class TrainerConfig(pydantic.BaseModel):
     num_cpus_per_rank: float = pydantic.Field(default=1.0, ge=0)
     torch_threads: int = pydantic.Field(default=1, ge=1)
     num_gpus_per_rank: float = pydantic.Field(default=0.0, ge=0)
+    # Custom Ray resources per rank: pins the trainer to node types (e.g. {"trainer_node": 1}).
+    resources_per_rank: dict[str, float] = pydantic.Field(default_factory=dict)
 
     @pydantic.field_validator("model", "project")
     @classmethod

@@ -48,12 +48,14 @@ class TrainerGroup:
         bundle = {"CPU": config.num_cpus_per_rank or 0.001}
         if config.num_gpus_per_rank:
             bundle["GPU"] = config.num_gpus_per_rank
+        bundle.update(config.resources_per_rank)
         self._placement_group = placement_group([bundle] * config.world_size, strategy="PACK")
         self.workers = [
             ray.remote(TrainerWorker)
             .options(
                 num_cpus=config.num_cpus_per_rank,
                 num_gpus=config.num_gpus_per_rank,
+                resources=dict(config.resources_per_rank),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self._placement_group, placement_group_bundle_index=rank
                 ),
