@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 API_KEY = "test-key"
 MODEL = "agent"
+CHECKPOINT_MODEL = "served-checkpoint"
 
 
 def free_port() -> int:
@@ -57,15 +58,25 @@ class InferenceApp:
 
 
 @pytest.fixture(scope="session")
-def inference_app(ray_cluster) -> InferenceApp:
-    from art_ray.adapters.lora_files import LoRASpec, initial_adapter
+def inference_app(ray_cluster, tmp_path_factory) -> InferenceApp:
+    import torch
+
+    from art_ray.adapters.lora_files import LoRASpec, initial_adapter, write_peft_adapter
     from art_ray.adapters.registry import publish_adapter
     from art_ray.models import TINY, default_tool_call_parser, prepare
-    from art_ray.serving.config import ServingConfig
+    from art_ray.serving.config import ServedCheckpoint, ServingConfig
     from art_ray.serving.engine_config import EngineConfig
     from art_ray.serving.launch import start_inference
 
     base_model = str(prepare(TINY))
+    spec = LoRASpec(r=8, alpha=16)
+    # a "trained" checkpoint the app serves from its folder at start (B != 0, so it changes outputs)
+    generator = torch.Generator().manual_seed(1)
+    trained = {
+        name: torch.randn(tensor.shape, generator=generator) if ".lora_B." in name else tensor
+        for name, tensor in initial_adapter(base_model, spec).items()
+    }
+    checkpoint = write_peft_adapter(tmp_path_factory.mktemp("ckpt") / "adapter", trained, spec, base_model)
     config = ServingConfig(
         engine=EngineConfig(model=base_model, max_model_len=512, cpu_threads=1),
         num_replicas=2,
@@ -73,9 +84,9 @@ def inference_app(ray_cluster) -> InferenceApp:
         api_key=API_KEY,
         keep_versions=3,
         tool_call_parser=default_tool_call_parser(TINY),
+        checkpoints=[ServedCheckpoint(model=CHECKPOINT_MODEL, step=5, path=str(checkpoint))],
     )
     base_url = start_inference(config, port=free_port())
-    spec = LoRASpec(r=8, alpha=16)
     asyncio.run(publish_adapter(MODEL, 0, base_model, spec, initial_adapter(base_model, spec)))
     os.environ.pop("OPENAI_API_KEY", None)
     return InferenceApp(

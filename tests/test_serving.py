@@ -119,6 +119,16 @@ async def test_async_client_and_models_list(inference_app) -> None:
     assert response.choices[0].message.content is not None
 
 
+def test_checkpoints_in_the_config_are_served_from_their_folder(inference_app) -> None:
+    from conftest import CHECKPOINT_MODEL
+
+    names = {m.id for m in client(inference_app).models.list()}
+    assert {CHECKPOINT_MODEL, f"{CHECKPOINT_MODEL}@5"} <= names
+    assert all(served[CHECKPOINT_MODEL] == [5] for served in served_by_replicas(inference_app))
+    assert greedy(inference_app, CHECKPOINT_MODEL) == greedy(inference_app, f"{CHECKPOINT_MODEL}@5")
+    assert greedy(inference_app, CHECKPOINT_MODEL) != greedy(inference_app, f"{inference_app.model}@0")
+
+
 def test_api_key_is_required(inference_app) -> None:
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=inference_app.base_url, api_key="wrong", max_retries=0).models.list()

@@ -7,6 +7,18 @@ import pydantic
 from art_ray.serving.engine_config import EngineConfig
 
 
+class ServedCheckpoint(pydantic.BaseModel):
+    """A trained adapter a replica loads at start, served as `model@step` and as `model` (the latest)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    model: str
+    step: int = pydantic.Field(ge=0)
+    # a checkpoint's PEFT adapter folder: a local path or any pyarrow.fs URI (s3://, gs://, ...), e.g.
+    # <storage>/<project>/models/<model>/checkpoints/0008/adapter
+    path: str
+
+
 class ServingConfig(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
 
@@ -33,6 +45,8 @@ class ServingConfig(pydantic.BaseModel):
     registry_poll_seconds: float = pydantic.Field(default=2.0, gt=0)
     # Node-local folder where replicas write adapter files for vLLM (no shared filesystem needed).
     adapter_dir: str | None = None
+    # Trained adapters to serve from checkpoints (a production endpoint without a trainer).
+    checkpoints: list[ServedCheckpoint] = pydantic.Field(default_factory=list)
 
     @pydantic.model_validator(mode="after")
     def _check_lora_slots(self) -> ServingConfig:

@@ -12,10 +12,11 @@ import ray
 from ray import serve
 from starlette.middleware import Middleware
 
+from art_ray import storage
 from art_ray.adapters.lora_files import validate_model_name
 from art_ray.adapters.registry import AdapterVersion, get_registry
 from art_ray.serving.adapter_store import AdapterStore
-from art_ray.serving.config import ServingConfig
+from art_ray.serving.config import ServedCheckpoint, ServingConfig
 from art_ray.serving.middleware import ModelRoutingMiddleware
 from art_ray.serving.vllm_app import build_engine_and_app
 
@@ -42,7 +43,9 @@ class InferenceReplica:
         self._app.middleware_stack = None  # vLLM's setup already built the stack; rebuild it with ours
         self._registry = get_registry()
         await self._registry.subscribe.remote(context.app_name, context.deployment)
-        # Before taking traffic: serve the latest version of every published model.
+        # Before taking traffic: serve the configured checkpoints and the latest published versions.
+        for checkpoint in config.checkpoints:
+            await self._load_checkpoint(checkpoint, root / "checkpoints" / f"{replica_id}-{os.getpid()}")
         await self._sync_with_registry()
         self._poller = asyncio.create_task(self._poll_registry())
 
@@ -63,6 +66,13 @@ class InferenceReplica:
         """Serve a PEFT adapter folder on this node's disk (e.g. a checkpoint) as `model@step`."""
         await self._adapters.load_folder(validate_model_name(model), step, Path(folder))
         return self._adapters.served_models()
+
+    async def _load_checkpoint(self, checkpoint: ServedCheckpoint, scratch: Path) -> None:
+        folder = Path(checkpoint.path)
+        if not folder.is_dir():  # a remote URI: copy it to this node first
+            local = scratch / checkpoint.model / f"{checkpoint.step:06d}"
+            folder = await asyncio.to_thread(storage.download_dir, checkpoint.path, local)
+        await self._adapters.load_folder(validate_model_name(checkpoint.model), checkpoint.step, folder)
 
     async def served_models(self) -> dict[str, list[int]]:
         return self._adapters.served_models()
