@@ -1,11 +1,20 @@
-"""The `art-ray` command."""
+"""The `art-ray` command: local models, the demo, serving a config file, cluster status, job submission."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shlex
+import subprocess
 import sys
+from pathlib import Path
 
 from art_ray.models import LOCAL_MODELS, models_dir, prepare
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEMO_SCRIPT = REPO_ROOT / "examples" / "one_word" / "train.py"
+DEFAULT_DASHBOARD = "http://127.0.0.1:8265"
 
 
 def _models_prepare(args: argparse.Namespace) -> int:
@@ -14,6 +23,83 @@ def _models_prepare(args: argparse.Namespace) -> int:
     for name in sorted(names, key=lambda n: n != "smollm2-135m"):
         print(f"{name}: {prepare(name)}", flush=True)
     return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    if not DEMO_SCRIPT.is_file():
+        print(f"the demo lives in the repository's examples/ ({DEMO_SCRIPT} is missing)", file=sys.stderr)
+        return 2
+    command = [sys.executable, str(DEMO_SCRIPT), "--storage", args.storage, *args.demo_args]
+    print("$ " + shlex.join(command), flush=True)
+    return subprocess.call(command)
+
+
+def _connect(address: str | None) -> None:
+    import ray
+
+    ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto", log_to_driver=False)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import yaml
+    from ray import serve
+    from ray.serve.schema import ServeDeploySchema
+
+    from art_ray.serving.entrypoint import app_builder
+
+    schema = ServeDeploySchema.model_validate(yaml.safe_load(Path(args.config).read_text()))
+    _connect(args.address)
+    http = schema.http_options
+    for app in schema.applications:
+        if app.import_path != "art_ray.serving.entrypoint:app_builder":
+            print(f"skipping {app.name}: not an art-ray app ({app.import_path})", file=sys.stderr)
+            continue
+        built = app_builder(app.args)
+        serve.start(http_options={"host": http.host, "port": http.port})
+        serve.run(built, name=app.name, route_prefix=app.route_prefix)
+        prefix = (app.route_prefix or "/").rstrip("/")
+        print(f"{app.name}: http://{http.host}:{http.port}{prefix}/v1", flush=True)
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from art_ray.status import cluster_status, format_status
+
+    _connect(args.address)
+    status = cluster_status()
+    print(status.model_dump_json(indent=2) if args.json else format_status(status))
+    return 0
+
+
+def submit_command(args: argparse.Namespace) -> list[str]:
+    """The `ray job submit` command line for a script: the script's folder goes on the workers' path
+    (relative to the uploaded working dir), so rollouts that import its modules run on any node."""
+    if not args.entrypoint:
+        raise SystemExit("art-ray submit: give the entrypoint after `--`, e.g. -- python examples/x/train.py")
+    working_dir = Path(args.working_dir).resolve()
+    env_vars = dict(item.split("=", 1) for item in args.env)
+    scripts = [Path(part) for part in args.entrypoint if part.endswith(".py")]
+    if scripts:
+        folder = (working_dir / scripts[0]).resolve().parent
+        if folder.is_relative_to(working_dir):
+            relative = str(folder.relative_to(working_dir)) or "."
+            env_vars["PYTHONPATH"] = os.pathsep.join(p for p in (relative, env_vars.get("PYTHONPATH")) if p)
+    runtime_env: dict = {"env_vars": env_vars} if env_vars else {}
+    command = ["ray", "job", "submit", "--address", args.address, "--working-dir", str(working_dir)]
+    if runtime_env:
+        command += ["--runtime-env-json", json.dumps(runtime_env)]
+    if args.no_wait:
+        command.append("--no-wait")
+    return [*command, "--", *args.entrypoint]
+
+
+def _submit(args: argparse.Namespace) -> int:
+    command = submit_command(args)
+    print("$ " + shlex.join(command), flush=True)
+    if args.dry_run:
+        return 0
+    ray_cli = Path(sys.executable).with_name("ray")
+    return subprocess.call([str(ray_cli) if ray_cli.exists() else "ray", *command[1:]])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,11 +114,58 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prepare_parser.add_argument("name", nargs="?", default="all", choices=[*LOCAL_MODELS, "all"])
     prepare_parser.set_defaults(handler=_models_prepare)
+
+    demo = commands.add_parser(
+        "demo",
+        help="run the one-word demo (SmolLM2-135M learns to answer in one word; minutes on CPU)",
+        description="Runs examples/one_word/train.py; arguments after the options go to the script.",
+    )
+    demo.add_argument("--storage", default="./art_ray_runs/demo", help="where checkpoints and MLflow go")
+    demo.add_argument("demo_args", nargs=argparse.REMAINDER, help="more arguments for the script (--steps 4)")
+    demo.set_defaults(handler=_demo)
+
+    serve = commands.add_parser(
+        "serve",
+        help="start the inference app(s) of a Serve config file on a running cluster",
+        description="Deploys every art-ray app of the file (deploy/serve_config.yaml, "
+        "deploy/serve_trained.yaml) on the cluster at --address and prints the OpenAI base URLs. The apps "
+        "keep running after exit.",
+    )
+    serve.add_argument("--config", required=True, help="a Serve config file")
+    serve.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS, else auto)")
+    serve.set_defaults(handler=_serve)
+
+    status = commands.add_parser(
+        "status",
+        help="models, their steps, and the versions each inference replica serves",
+        description="Reads the LoRA registry and the art-ray Serve apps of a running cluster.",
+    )
+    status.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS, else auto)")
+    status.add_argument("--json", action="store_true", help="print JSON instead of text")
+    status.set_defaults(handler=_status)
+
+    submit = commands.add_parser(
+        "submit",
+        help="submit a training script as a Ray job (wraps `ray job submit`)",
+        description="Uploads --working-dir and runs the entrypoint as a Ray job; the script's folder goes on "
+        "every worker's PYTHONPATH so remote rollouts can import its modules. Example: art-ray submit "
+        "--address http://127.0.0.1:8265 -- python examples/one_word/train.py --steps 8",
+    )
+    submit.add_argument("--address", default=DEFAULT_DASHBOARD, help="the cluster's dashboard / job API")
+    submit.add_argument("--working-dir", default=".", help="folder uploaded to the cluster (default: .)")
+    submit.add_argument("--env", action="append", default=[], help="KEY=VALUE for the job (repeatable)")
+    submit.add_argument("--no-wait", action="store_true", help="return once submitted")
+    submit.add_argument("--dry-run", action="store_true", help="print the command only")
+    submit.add_argument("entrypoint", nargs=argparse.REMAINDER, help="-- python script.py args...")
+    submit.set_defaults(handler=_submit)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    for name in ("entrypoint", "demo_args"):
+        if getattr(args, name, None) and getattr(args, name)[0] == "--":
+            setattr(args, name, getattr(args, name)[1:])
     return args.handler(args)
 
 
