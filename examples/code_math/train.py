@@ -1,0 +1,66 @@
+"""Code math with GRPO on art-ray: the model answers a word problem by writing Python that prints the
+answer; the code runs in a sandboxed child process (examples/code_math/sandbox.py), never in the driver or
+the trainer, and the reward checks what it printed.
+
+    python examples/code_math/train.py --steps 4
+
+Reward: 1 if the printed number equals the answer, 0.1 if the code ran and printed some number, else 0.
+Metrics: correct, ran (exit code 0), printed_number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]
+
+from loop import AgentTask, main  # noqa: E402
+from problems import Problem, extract_code, make_problem, score  # noqa: E402
+from sandbox import run_python  # noqa: E402
+
+import art_ray  # noqa: E402
+from art_ray import TrainableModel, Trajectory  # noqa: E402
+
+SYSTEM = (
+    "Solve the problem by writing a short Python program that prints the answer as a number. "
+    "Reply with only the code in a ```python block."
+)
+# one solved example (a one-shot prompt): a 135M model copies the format instead of writing prose
+EXAMPLE = [
+    {"role": "user", "content": "Sam has 3 pens and gets 2 more. How many pens does Sam have now?"},
+    {"role": "assistant", "content": "```python\npens = 3 + 2\nprint(pens)\n```"},
+]
+MAX_TOKENS = 64
+
+
+@art_ray.remote_rollout
+async def rollout(model: TrainableModel, problem: Problem, temperature: float) -> Trajectory:
+    question = {"role": "user", "content": problem.question}
+    messages = [{"role": "system", "content": SYSTEM}, *EXAMPLE, question]
+    completion = await model.openai_client().chat.completions.create(
+        model=model.get_inference_name(), messages=messages, max_tokens=MAX_TOKENS, temperature=temperature
+    )
+    choice = completion.choices[0]
+    result = await asyncio.to_thread(run_python, extract_code(choice.message.content or ""))
+    reward, metrics = score(result.stdout, result.exit_code, problem.answer)
+    return Trajectory(
+        messages_and_choices=[*messages, choice],
+        reward=reward,
+        metrics=metrics,
+        logs=[f"stdout: {result.stdout[-200:]!r}", f"stderr: {result.stderr[-200:]!r}"],
+    )
+
+
+TASK = AgentTask(
+    name="code_math",
+    rollout=rollout,
+    train_scenarios=lambda rng: make_problem(rng, level=1),
+    val_scenarios=[make_problem(random.Random(10_000 + i), level=1) for i in range(12)],
+    metrics=["correct", "ran", "printed_number"],
+)
+
+if __name__ == "__main__":
+    main(TASK, __doc__)
