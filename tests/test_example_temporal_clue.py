@@ -44,6 +44,7 @@ def test_clue_forms() -> None:
 def test_reward_needs_the_answer_and_only_it() -> None:
     puzzle = make_puzzle(random.Random(1))
     others = [s for s in puzzle.suspects if s != puzzle.answer]
-    assert answer_reward(f"{puzzle.answer}.", puzzle) == 1.0
-    assert answer_reward(f"{puzzle.answer} or {others[0]}", puzzle) == 0.0
-    assert answer_reward(others[0], puzzle) == 0.0
+    assert answer_reward(f"{puzzle.answer}.", puzzle) == (1.0, True)
+    assert answer_reward(f"{puzzle.answer} or {others[0]}", puzzle) == (0.0, False)
+    assert answer_reward(others[0], puzzle) == (0.2, False)
+    assert answer_reward("I cannot tell.", puzzle) == (0.0, False)

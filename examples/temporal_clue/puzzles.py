@@ -95,7 +95,10 @@ def make_puzzle(rng: random.Random, n: int = 3) -> Puzzle:
     return Puzzle(suspects=suspects, times=times, clues=clues, question_time=question_time, answer=answer)
 
 
-def answer_reward(reply: str, puzzle: Puzzle) -> float:
-    """1 if the reply names the answer and no other suspect, else 0."""
+def answer_reward(reply: str, puzzle: Puzzle) -> tuple[float, bool]:
+    """(reward, correct): 1 for naming the answer and no other suspect; 0.2 for naming exactly one other
+    suspect (a committed answer, so GRPO can compare answers before any is right); else 0."""
     named = {s for s in puzzle.suspects if re.search(rf"\b{s}\b", reply)}
-    return 1.0 if named == {puzzle.answer} else 0.0
+    if named == {puzzle.answer}:
+        return 1.0, True
+    return (0.2 if len(named) == 1 else 0.0), False

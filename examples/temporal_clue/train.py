@@ -3,7 +3,8 @@ answer; the easiest setting has 3 suspects (raise SUSPECTS below, up to 6, for h
 
     python examples/temporal_clue/train.py --steps 4
 
-Reward: 1 if the reply names the right suspect and no other, else 0. Metrics: correct, words (reply length).
+Reward: 1 if the reply names the right suspect and no other, 0.2 if it names exactly one other suspect,
+else 0. Metrics: correct, words (reply length).
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ async def rollout(model: TrainableModel, puzzle: Puzzle, temperature: float) -> 
     )
     choice = completion.choices[0]
     reply = choice.message.content or ""
-    correct = answer_reward(reply, puzzle)
+    reward, correct = answer_reward(reply, puzzle)
     return Trajectory(
         messages_and_choices=[*messages, choice],
-        reward=correct,
-        metrics={"correct": correct, "words": float(len(reply.split()))},
+        reward=reward,
+        metrics={"correct": float(correct), "words": float(len(reply.split()))},
     )
 
 
