@@ -152,8 +152,9 @@ def test_world_size_2_gives_the_same_adapter_as_world_size_1(
 ) -> None:
     two = asyncio.run(trained_adapter(inference_app, rollouts, tmp_path, 2, zero_stage=zero_stage))
     # ZeRO-3 partitions the parameters and reduce-scatters gradients in another summation order; Adam
-    # turns that into differences of a few 1e-6 on near-zero gradients (the update itself is ~1e-2).
-    assert_same_adapter(one_rank_adapter, two, atol=2e-5 if zero_stage == 3 else 1e-6)
+    # turns that into differences of 1e-6 to 4e-5 on near-zero gradients (seen across CI runs; the update
+    # itself is ~1e-2, so 1e-4 still fails on any real divergence).
+    assert_same_adapter(one_rank_adapter, two, atol=1e-4 if zero_stage == 3 else 1e-6)
 
 
 def test_resumed_run_equals_an_uninterrupted_one(inference_app, rollouts, tmp_path) -> None:

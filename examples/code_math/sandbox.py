@@ -11,9 +11,11 @@ when the kernel allows it; otherwise an audit hook refuses socket creation insid
 from __future__ import annotations
 
 import functools
+import math
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -77,7 +79,8 @@ def run_python(
                 env={"PATH": "/usr/bin:/bin", "HOME": folder, "TMPDIR": folder},
                 capture_output=True,
                 timeout=timeout_s,
-                preexec_fn=functools.partial(_limits, memory_mb, max(1, int(timeout_s))),
+                # the CPU limit is a backstop past the wall-clock timeout
+                preexec_fn=functools.partial(_limits, memory_mb, math.ceil(timeout_s) + 1),
                 stdin=subprocess.DEVNULL,
             )
         except subprocess.TimeoutExpired as expired:
@@ -87,9 +90,11 @@ def run_python(
                 exit_code=None,
                 timed_out=True,
             )
+    # killed by the CPU-time limit (SIGXCPU at the soft limit, SIGKILL at the hard one): out of time too
+    cpu_killed = completed.returncode in (-signal.SIGXCPU, -signal.SIGKILL)
     return SandboxResult(
         stdout=completed.stdout[:max_output].decode(errors="replace"),
         stderr=completed.stderr[:max_output].decode(errors="replace"),
-        exit_code=completed.returncode,
-        timed_out=False,
+        exit_code=None if cpu_killed else completed.returncode,
+        timed_out=cpu_killed,
     )
