@@ -8,6 +8,7 @@ from art_ray.gather import TooManyExceptionsError, gather_trajectory_groups
 from art_ray.model import Model, TrainableModel
 from art_ray.model_config import ModelConfig
 from art_ray.parquet import read_trajectory_groups, write_trajectory_groups
+from art_ray.remote.client import HTTPBackend, RemoteTrainingError
 from art_ray.remote_rollout import remote_rollout
 from art_ray.train_config import TrainConfig
 from art_ray.trajectories import (
@@ -26,10 +27,12 @@ __all__ = [
     "ArtRayError",
     "BackendError",
     "DatasetBatch",
+    "HTTPBackend",
     "LoRASpec",
     "Model",
     "ModelConfig",
     "RayBackend",
+    "RemoteTrainingError",
     "TooManyExceptionsError",
     "TrainableModel",
     "gather_trajectory_groups",

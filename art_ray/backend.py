@@ -6,6 +6,7 @@ With no address it starts an embedded local Ray (CPU defaults); with "auto", "ra
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -16,6 +17,7 @@ import ray
 from art_ray.models import default_tool_call_parser, resolve_base_model
 from art_ray.serving.config import ServingConfig
 from art_ray.serving.engine_config import EngineConfig, detect_device
+from art_ray.tracking import Tracker, group_metrics, save_trajectories, train_step_metrics
 from art_ray.train_config import TrainConfig
 from art_ray.trainer.config import TrainerConfig
 from art_ray.trajectories import TrajectoryGroup
@@ -85,7 +87,9 @@ class RayBackend:
         self.tracking_uri = tracking_uri
         self.base_url: str | None = None
         self._base_model: str | None = None
+        self._max_lora_rank = 0
         self._trainers: dict[str, TrainerGroup] = {}
+        self._trackers: dict[str, Tracker] = {}
         self._started_ray = False
 
     def _connect(self) -> None:
@@ -162,28 +166,64 @@ class RayBackend:
         self._connect()
         base_model = resolve_base_model(model.base_model)
         if self._base_model is None:
-            self.base_url = start_inference(self._serving_config(model, base_model), self.host, self.port)
+            # in a thread: deploying waits for the engines (~30 s on CPU), and a training server's event
+            # loop keeps answering meanwhile
+            config = self._serving_config(model, base_model)
+            self.base_url = await asyncio.to_thread(start_inference, config, self.host, self.port)
             self._base_model = base_model
+            self._max_lora_rank = config.engine.max_lora_rank
         elif base_model != self._base_model:
             raise BackendError(
                 f"this backend serves {self._base_model}; models on another base model need a backend of "
                 "their own (another app_name and port)"
             )
+        elif model.config.lora.r > self._max_lora_rank:
+            raise BackendError(
+                f"model {model.name!r} has LoRA rank {model.config.lora.r} but this backend's engines load "
+                f"adapters up to rank {self._max_lora_rank} (set by the first model registered)"
+            )
         if model.name not in self._trainers:
             trainer = TrainerGroup(self._trainer_config(model, base_model))
             await trainer.start()
             self._trainers[model.name] = trainer
+        if model.name not in self._trackers:
+            tracking_uri = model.tracking_uri or self.tracking_uri
+            self._trackers[model.name] = Tracker(model.project, model.name, tracking_uri)
 
     def _trainer(self, model: TrainableModel) -> TrainerGroup:
         if model.name not in self._trainers:
             raise BackendError(f"model {model.name!r} is not registered: await model.register(backend) first")
         return self._trainers[model.name]
 
+    def tracker(self, model: TrainableModel) -> Tracker:
+        """The model's MLflow run (experiment = project, run = model name)."""
+        self._trainer(model)  # raises if not registered
+        return self._trackers[model.name]
+
     async def train(
         self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig
     ) -> AsyncIterator[dict[str, float]]:
-        async for metrics in self._trainer(model).train(groups, config):
+        """Train one step: the groups' reward metrics and Parquet go under the current step, each
+        gradient step's metrics are yielded as they finish, the last item is the summary with the new
+        `step` (logged to MLflow at that step with the gradient steps' means)."""
+        trainer, tracker = self._trainer(model), self.tracker(model)
+        step = trainer.step
+        tracker.log_metrics(group_metrics(groups, "train"), step)
+        save_trajectories(trainer.config.model_dir(), "train", step, groups)
+        gradient_steps: list[dict[str, float]] = []
+        async for metrics in trainer.train(groups, config):
+            if "step" in metrics:
+                tracker.log_metrics(train_step_metrics(gradient_steps, metrics), int(metrics["step"]))
+            else:
+                gradient_steps.append(metrics)
             yield metrics
+
+    async def log(self, model: TrainableModel, groups: list[TrajectoryGroup], split: str) -> dict[str, float]:
+        trainer, tracker = self._trainer(model), self.tracker(model)
+        metrics = group_metrics(groups, split)
+        tracker.log_metrics(metrics, trainer.step)
+        save_trajectories(trainer.config.model_dir(), split, trainer.step, groups)
+        return metrics
 
     async def get_step(self, model: TrainableModel) -> int:
         return self._trainer(model).step
@@ -196,18 +236,38 @@ class RayBackend:
 
         return checkpoint_steps(self._trainer(model).config)
 
-    def delete_checkpoint(self, model: TrainableModel, step: int) -> None:
+    async def delete_checkpoints(self, model: TrainableModel, best_checkpoint_metric: str) -> list[int]:
+        """Delete every checkpoint but the latest and the best by `best_checkpoint_metric` (higher is
+        better); returns the deleted steps."""
         from art_ray import storage
 
-        storage.delete_dir(self._trainer(model).config.checkpoint_dir(step))
+        steps = self.checkpoint_steps(model)
+        if not steps:
+            return []
+        keep = {max(steps)}
+        history = {
+            step: value
+            for step, value in self.tracker(model).history(best_checkpoint_metric).items()
+            if step in steps
+        }
+        if history:
+            keep.add(max(history, key=lambda step: history[step]))
+        deleted = [step for step in steps if step not in keep]
+        for step in deleted:
+            storage.delete_dir(self._trainer(model).config.checkpoint_dir(step))
+        return deleted
+
+    def stop_trainers(self) -> None:
+        for trainer in self._trainers.values():
+            trainer.shutdown()
+        self._trainers.clear()
+        self._trackers.clear()
 
     def shutdown(self) -> None:
         """Stop the trainers and the app this backend started (and Ray, if it started it)."""
         from ray import serve
 
-        for trainer in self._trainers.values():
-            trainer.shutdown()
-        self._trainers.clear()
+        self.stop_trainers()
         if self._started_ray and ray.is_initialized():
             serve.shutdown()  # the whole embedded cluster goes, the app with it
             ray.shutdown()

@@ -62,6 +62,22 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_training(args: argparse.Namespace) -> int:
+    from art_ray.remote.server import TrainingServerConfig, start_training_server
+
+    config = TrainingServerConfig(
+        storage=args.storage,
+        api_key=args.api_key or os.environ.get("ART_RAY_API_KEY"),
+        tracking_uri=args.tracking_uri,
+        inference_app_name=args.inference_app,
+        inference_route_prefix=args.inference_route_prefix,
+    )
+    _connect(args.address)
+    url = start_training_server(config, args.host, args.port, route_prefix=args.route_prefix)
+    print(f"training server: {url} (HTTPBackend({url!r}, api_key=...); routes under {args.route_prefix})")
+    return 0
+
+
 def _status(args: argparse.Namespace) -> int:
     from art_ray.status import cluster_status, format_status
 
@@ -134,6 +150,33 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", required=True, help="a Serve config file")
     serve.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS, else auto)")
     serve.set_defaults(handler=_serve)
+
+    training = commands.add_parser(
+        "serve-training",
+        help="start the training routes (register, train, log, step, delete_checkpoints) for HTTPBackend",
+        description="Deploys the training server app on the cluster at --address: drivers that don't run "
+        "Ray train through it with art_ray.HTTPBackend(url, api_key). Models registered through it are "
+        "served by an inference app on the same Serve proxy. An API key is required unless Serve listens "
+        "on localhost only. The app keeps running after exit.",
+    )
+    training.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS, else auto)")
+    training.add_argument("--host", default="127.0.0.1", help="Serve's HTTP host, if this starts Serve")
+    training.add_argument("--port", type=int, default=8000, help="Serve's HTTP port, if this starts Serve")
+    training.add_argument(
+        "--api-key", default=None, help="Bearer key for both APIs (default: $ART_RAY_API_KEY)"
+    )
+    training.add_argument(
+        "--storage", default="./art_ray_runs", help="checkpoints, trajectories, MLflow (URI ok)"
+    )
+    training.add_argument(
+        "--tracking-uri", default=None, help="MLflow tracking URI (default: under --storage)"
+    )
+    training.add_argument("--route-prefix", default="/_art", help="where the training routes live")
+    training.add_argument("--inference-app", default="art", help="Serve app name of the inference app")
+    training.add_argument(
+        "--inference-route-prefix", default="/", help="its route prefix (OpenAI API under /v1)"
+    )
+    training.set_defaults(handler=_serve_training)
 
     status = commands.add_parser(
         "status",

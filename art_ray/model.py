@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import statistics
 import weakref
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,7 +14,6 @@ from tqdm.auto import tqdm
 
 from art_ray.adapters.lora_files import validate_model_name, versioned_name
 from art_ray.model_config import ModelConfig
-from art_ray.tracking import Tracker, group_metrics, save_trajectories
 from art_ray.train_config import TrainConfig
 from art_ray.trajectories import TrajectoryGroup
 
@@ -69,7 +67,6 @@ class TrainableModel(Model):
     config: ModelConfig = pydantic.Field(default_factory=ModelConfig)
     tracking_uri: str | None = None
     _backend: Any = pydantic.PrivateAttr(default=None)
-    _tracker: Tracker | None = pydantic.PrivateAttr(default=None)
 
     @pydantic.field_validator("name", "project")
     @classmethod
@@ -82,7 +79,6 @@ class TrainableModel(Model):
         self._backend = backend
         self.base_url = backend.base_url
         self.api_key = backend.api_key
-        self._tracker = Tracker(self.project, self.name, self.tracking_uri or backend.tracking_uri)
 
     @property
     def backend(self) -> Any:
@@ -91,10 +87,9 @@ class TrainableModel(Model):
         return self._backend
 
     @property
-    def tracker(self) -> Tracker:
-        self.backend  # noqa: B018 - raises if not registered
-        assert self._tracker is not None
-        return self._tracker
+    def tracker(self) -> Any:
+        """The model's MLflow run (a RayBackend's; with an HTTPBackend the server tracks)."""
+        return self.backend.tracker(self)
 
     def get_inference_name(self, step: int | None = None) -> str:
         return self.name if step is None else versioned_name(self.name, step)
@@ -103,10 +98,7 @@ class TrainableModel(Model):
         # Shipped to remote rollouts: the name, endpoint and key travel; the backend (actor handles)
         # and the MLflow client stay on the driver.
         state = super().__getstate__()
-        state["__pydantic_private__"] = {
-            "_backend": None,
-            "_tracker": None,
-        }
+        state["__pydantic_private__"] = {"_backend": None}
         return state
 
     async def get_step(self) -> int:
@@ -117,11 +109,7 @@ class TrainableModel(Model):
     ) -> AsyncIterator[dict[str, float]]:
         """Train one step, yielding each gradient step's metrics as it finishes (the last item is the
         summary with the new `step`); returns when every replica serves the new step."""
-        config = config or TrainConfig()
-        step = await self.get_step()
-        self.tracker.log_metrics(group_metrics(groups, "train"), step)
-        save_trajectories(self.backend.model_dir(self), "train", step, groups)
-        async for metrics in self.backend.train(self, groups, config):
+        async for metrics in self.backend.train(self, groups, config or TrainConfig()):
             yield metrics
 
     async def train(
@@ -143,13 +131,7 @@ class TrainableModel(Model):
         bar.close()
         self.last_train_metrics = gradient_steps
         self.last_train_summary = summary
-        new_step = int(summary["step"])
-        names = {name for metrics in gradient_steps for name in metrics}
-        averaged = {
-            name: statistics.fmean(m[name] for m in gradient_steps if name in m) for name in sorted(names)
-        }
-        self.tracker.log_metrics({**averaged, **{k: v for k, v in summary.items() if k != "step"}}, new_step)
-        return new_step
+        return int(summary["step"])
 
     # the last train call's gradient-step metrics, and its summary (step, checkpoint and publish time)
     last_train_metrics: list[dict[str, float]] = pydantic.Field(default_factory=list, exclude=True)
@@ -157,27 +139,9 @@ class TrainableModel(Model):
 
     async def log(self, groups: list[TrajectoryGroup], split: str = "val") -> dict[str, float]:
         """Log reward metrics of `groups` at the current step to MLflow and save them as Parquet."""
-        step = await self.get_step()
-        metrics = group_metrics(groups, split)
-        self.tracker.log_metrics(metrics, step)
-        save_trajectories(self.backend.model_dir(self), split, step, groups)
-        return metrics
+        return await self.backend.log(self, groups, split)
 
     async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
         """Delete every checkpoint but the latest and the best by `best_checkpoint_metric` (higher is
         better); returns the deleted steps."""
-        steps = self.backend.checkpoint_steps(self)
-        if not steps:
-            return []
-        keep = {max(steps)}
-        history = {
-            step: value
-            for step, value in self.tracker.history(best_checkpoint_metric).items()
-            if step in steps
-        }
-        if history:
-            keep.add(max(history, key=lambda step: history[step]))
-        deleted = [step for step in steps if step not in keep]
-        for step in deleted:
-            self.backend.delete_checkpoint(self, step)
-        return deleted
+        return await self.backend.delete_checkpoints(self, best_checkpoint_metric)

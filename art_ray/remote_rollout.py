@@ -5,6 +5,8 @@ actors (`num_cpus=0`: an I/O-bound rollout waits on the endpoint, it does not ne
 run concurrently in a few processes). Sync functions run in the actor's threads, async ones on its
 event loop. If the actor or its node dies, the rollout is retried on another actor (`max_retries`);
 an exception raised by the user's code is not retried: it is the rollout's result, as on the driver.
+In a driver that never connected to Ray (one training through an HTTPBackend) the function runs on the
+driver's own event loop instead, so the same script works there.
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ def remote_rollout(
 
         @functools.wraps(user_function)
         async def call(*args: Any, **kwargs: Any) -> Trajectory:
+            if not ray.is_initialized():  # a driver without Ray (an HTTPBackend's): run it right here
+                return await RolloutRunner().run(user_function, args, kwargs)
             if not function_ref:  # serialized once, then shared by every call
                 function_ref.append(ray.put(user_function))
             for attempt in range(max_retries + 1):

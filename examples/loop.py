@@ -3,7 +3,8 @@
 An example supplies a rollout `(model, scenario, temperature) -> Trajectory`, its training and held-out
 scenarios, and the trajectory metrics to print; the loop does the rest the way examples/one_word does:
 register, evaluate before, gather groups (rollouts as Ray work), train, evaluate after each step, log to
-MLflow, and print one JSON line at the end. Copy it into your project as a starting point.
+MLflow, and print one JSON line at the end. With `--server URL` the same loop trains through a remote
+training server (HTTPBackend) instead of Ray. Copy it into your project as a starting point.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import time
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import art_ray
-from art_ray import LoRASpec, ModelConfig, RayBackend, TrainableModel, TrainConfig, Trajectory
+from art_ray import HTTPBackend, LoRASpec, ModelConfig, RayBackend, TrainableModel, TrainConfig, Trajectory
 
 Rollout = Callable[[TrainableModel, Any, float], Awaitable[Trajectory]]
 
@@ -50,7 +52,20 @@ def parse_args(task_name: str, doc: str, argv: list[str] | None = None) -> argpa
     parser.add_argument("--storage", default="./art_ray_runs")
     parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: under --storage)")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--server",
+        default=None,
+        help="train through a training server (art-ray serve-training) at this URL instead of a Ray cluster",
+    )
+    parser.add_argument("--api-key", default=os.environ.get("ART_RAY_API_KEY"), help="the server's key")
     return parser.parse_args(argv)
+
+
+def make_backend(args: argparse.Namespace) -> RayBackend | HTTPBackend:
+    """Ray (embedded, or the job's cluster) by default; a remote training server with --server."""
+    if args.server:
+        return HTTPBackend(args.server, api_key=args.api_key)
+    return RayBackend(storage=args.storage, port=args.port, tracking_uri=args.tracking_uri)
 
 
 def means(group: art_ray.TrajectoryGroup, keys: Sequence[str]) -> dict[str, float]:
@@ -76,7 +91,7 @@ def row(step: int | str, summary: dict[str, float], keys: Sequence[str], seconds
 
 async def train_and_evaluate(task: AgentTask, args: argparse.Namespace) -> dict:
     start = time.time()
-    backend = RayBackend(storage=args.storage, port=args.port, tracking_uri=args.tracking_uri)
+    backend = make_backend(args)
     model = TrainableModel(
         name=args.name,
         project=args.project,
@@ -124,7 +139,7 @@ async def train_and_evaluate(task: AgentTask, args: argparse.Namespace) -> dict:
         print("\nbefore -> after (held-out, greedy)")
         for key in ["reward", *keys]:
             print(f"  {key:>12}: {before[key]:.3f} -> {after[key]:.3f}")
-        print(f"MLflow: {model.tracker.tracking_uri} (experiment {model.project}, run {model.name})")
+        print(f"MLflow: {backend.tracking_uri} (experiment {model.project}, run {model.name})")
         print(f"checkpoints: {backend.model_dir(model)}/checkpoints", flush=True)
         return {
             "task": task.name,

@@ -1,0 +1,152 @@
+"""HTTPBackend: a backend for drivers that don't run Ray. It calls a training server's routes
+(`art-ray serve-training`, art_ray.remote.server) with RayBackend's verbs, so the same driver script
+trains on a remote cluster by swapping the backend; rollouts call the server's OpenAI endpoint."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import httpx
+import pydantic
+
+from art_ray.backend import BackendError
+from art_ray.errors import ArtRayError
+from art_ray.remote.protocol import (
+    DEFAULT_ROUTE_PREFIX,
+    DeleteCheckpointsRequest,
+    DeleteCheckpointsResponse,
+    ErrorBody,
+    LogRequest,
+    LogResponse,
+    ModelRef,
+    ModelSpec,
+    RegisterResponse,
+    StepResponse,
+    TrainRequest,
+    TrainStreamLine,
+)
+from art_ray.train_config import TrainConfig
+from art_ray.trajectories import TrajectoryGroup
+
+if TYPE_CHECKING:
+    from art_ray.model import TrainableModel
+
+Reply = TypeVar("Reply", bound=pydantic.BaseModel)
+
+
+class RemoteTrainingError(ArtRayError, RuntimeError):
+    """The training server refused a request or failed it; `status` and `type` come from its error JSON."""
+
+    def __init__(self, status: int, error_type: str, message: str) -> None:
+        super().__init__(f"{status} {error_type}: {message}")
+        self.status = status
+        self.type = error_type
+
+
+def _error(response_status: int, text: str) -> RemoteTrainingError:
+    try:
+        body = ErrorBody.model_validate(pydantic.TypeAdapter(dict[str, Any]).validate_json(text)["error"])
+        return RemoteTrainingError(body.code, body.type, body.message)
+    except (pydantic.ValidationError, KeyError, TypeError):
+        return RemoteTrainingError(response_status, "http_error", text[:500])
+
+
+class HTTPBackend:
+    """Serves and trains TrainableModels through a training server at `base_url` (e.g.
+    "http://head-node:8000"), authenticating with `api_key` (also the OpenAI endpoint's key). Metrics,
+    trajectories and checkpoints stay on the server's storage."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        route_prefix: str = DEFAULT_ROUTE_PREFIX,
+        timeout: float = 3600.0,
+    ) -> None:
+        self.server_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.routes_url = self.server_url + "/" + route_prefix.strip("/")
+        self.timeout = timeout
+        self.base_url: str | None = None  # the OpenAI endpoint, known once a model is registered
+        self.tracking_uri: str | None = None
+        self._model_dirs: dict[str, str] = {}
+
+    def _client(self) -> httpx.AsyncClient:
+        # one per call: calls are few and long, and a client is bound to the event loop that first used it
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(self.timeout, connect=30.0))
+
+    async def _post(self, route: str, body: pydantic.BaseModel, reply_type: type[Reply]) -> Reply:
+        async with self._client() as client:
+            response = await client.post(
+                f"{self.routes_url}/{route}",
+                content=body.model_dump_json(),
+                headers={"Content-Type": "application/json"},
+            )
+        if response.status_code != 200:
+            raise _error(response.status_code, response.text)
+        return reply_type.model_validate_json(response.content)
+
+    async def register(self, model: TrainableModel) -> None:
+        """Have the server serve and train the model (resuming from its latest checkpoint)."""
+        reply = await self._post("register", ModelSpec.of(model), RegisterResponse)
+        self.base_url = self.server_url + reply.inference_path
+        self.tracking_uri = reply.tracking_uri
+        self._model_dirs[model.name] = reply.model_dir
+
+    async def train(
+        self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig
+    ) -> AsyncIterator[dict[str, float]]:
+        """Yield each gradient step's metrics as the server streams them; the last has the new `step`."""
+        body = TrainRequest(model=model.name, groups=groups, config=config)
+        async with (
+            self._client() as client,
+            client.stream(
+                "POST",
+                f"{self.routes_url}/train",
+                content=body.model_dump_json(),
+                headers={"Content-Type": "application/json"},
+            ) as response,
+        ):
+            if response.status_code != 200:
+                raise _error(response.status_code, (await response.aread()).decode(errors="replace"))
+            finished = False
+            async for text in response.aiter_lines():
+                if not text.strip():
+                    continue
+                line = TrainStreamLine.model_validate_json(text)
+                if line.error is not None:
+                    raise RemoteTrainingError(line.error.code, line.error.type, line.error.message)
+                if line.metrics is not None:
+                    finished = "step" in line.metrics
+                    yield line.metrics
+        if not finished:
+            raise RemoteTrainingError(502, "stream_error", "the train stream ended before the step finished")
+
+    async def log(self, model: TrainableModel, groups: list[TrajectoryGroup], split: str) -> dict[str, float]:
+        reply = await self._post("log", LogRequest(model=model.name, groups=groups, split=split), LogResponse)
+        return reply.metrics
+
+    async def get_step(self, model: TrainableModel) -> int:
+        return (await self._post("step", ModelRef(model=model.name), StepResponse)).step
+
+    async def delete_checkpoints(self, model: TrainableModel, best_checkpoint_metric: str) -> list[int]:
+        body = DeleteCheckpointsRequest(model=model.name, best_checkpoint_metric=best_checkpoint_metric)
+        return (await self._post("delete_checkpoints", body, DeleteCheckpointsResponse)).deleted
+
+    def model_dir(self, model: TrainableModel) -> str:
+        """The model's folder on the server's storage."""
+        if model.name not in self._model_dirs:
+            raise BackendError(f"model {model.name!r} is not registered: await model.register(backend) first")
+        return self._model_dirs[model.name]
+
+    def tracker(self, model: TrainableModel) -> Any:
+        raise BackendError(
+            f"an HTTPBackend's metrics are tracked by the server (MLflow at {self.tracking_uri}); "
+            "model.log() and model.train() record them there"
+        )
+
+    def shutdown(self) -> None:
+        """Nothing runs locally; the server keeps serving and training for other clients."""

@@ -1,0 +1,119 @@
+"""The JSON of the training routes. Everything that crosses the wire is a pydantic model validated on
+arrival (never pickle); errors use the OpenAI error shape the inference routes use.
+
+Routes (under the training app's prefix, `/_art` by default), all POST with a JSON body:
+- `/register` ModelSpec -> RegisterResponse
+- `/train` TrainRequest -> newline-delimited JSON: one TrainStreamLine per gradient step, then one with
+  the new `step`; a failure after the stream started arrives as a line with `error`
+- `/log` LogRequest -> LogResponse
+- `/step` ModelRef -> StepResponse
+- `/delete_checkpoints` DeleteCheckpointsRequest -> DeleteCheckpointsResponse
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+import pydantic
+
+from art_ray.adapters.lora_files import validate_model_name
+from art_ray.model_config import ModelConfig
+from art_ray.train_config import TrainConfig
+from art_ray.trajectories import TrajectoryGroup
+
+if TYPE_CHECKING:
+    from art_ray.model import TrainableModel
+
+DEFAULT_ROUTE_PREFIX = "/_art"
+SPLIT_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+class _Message(pydantic.BaseModel):
+    # NaN/inf metrics (a diverged loss) travel as JSON's NaN/Infinity rather than becoming null
+    model_config = pydantic.ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+
+class ModelSpec(_Message):
+    """What the server needs to serve and train a TrainableModel (tracking stays on the server)."""
+
+    name: str
+    project: str
+    base_model: str
+    config: ModelConfig = pydantic.Field(default_factory=ModelConfig)
+
+    @pydantic.field_validator("name", "project")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        return validate_model_name(value)
+
+    @classmethod
+    def of(cls, model: TrainableModel) -> ModelSpec:
+        return cls(name=model.name, project=model.project, base_model=model.base_model, config=model.config)
+
+    def trainable_model(self) -> TrainableModel:
+        from art_ray.model import TrainableModel
+
+        return TrainableModel(
+            name=self.name, project=self.project, base_model=self.base_model, config=self.config
+        )
+
+
+class RegisterResponse(_Message):
+    step: int
+    # the OpenAI API's path on the same server (e.g. "/v1"): the client joins it to the URL it used
+    inference_path: str
+    model_dir: str
+    tracking_uri: str | None
+
+
+class ModelRef(_Message):
+    model: str
+
+
+class TrainRequest(ModelRef):
+    groups: list[TrajectoryGroup]
+    config: TrainConfig = pydantic.Field(default_factory=TrainConfig)
+
+
+class LogRequest(ModelRef):
+    groups: list[TrajectoryGroup]
+    split: str = "val"
+
+    @pydantic.field_validator("split")
+    @classmethod
+    def _split_is_a_folder_name(cls, value: str) -> str:
+        if not SPLIT_PATTERN.fullmatch(value):
+            raise ValueError("split must be 1-64 letters, digits, '-' or '_' (it names a folder)")
+        return value
+
+
+class LogResponse(_Message):
+    metrics: dict[str, float]
+
+
+class StepResponse(_Message):
+    step: int
+
+
+class DeleteCheckpointsRequest(ModelRef):
+    best_checkpoint_metric: str = "val/reward"
+
+
+class DeleteCheckpointsResponse(_Message):
+    deleted: list[int]
+
+
+class ErrorBody(_Message):
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class TrainStreamLine(_Message):
+    """One line of the /train stream: a gradient step's `metrics` (the last line's carry `step`), or an
+    `error`."""
+
+    metrics: dict[str, float] | None = None
+    error: ErrorBody | None = None

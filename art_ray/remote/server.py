@@ -1,0 +1,245 @@
+"""The training routes as a Serve app ("art-train" at /_art): one replica owns a RayBackend, so a client
+without Ray trains over HTTP what a driver script trains through RayBackend, on the same cluster and
+behind the same proxy as the OpenAI endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
+
+import pydantic
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from ray import serve
+
+from art_ray.backend import BackendError, RayBackend
+from art_ray.errors import ArtRayError
+from art_ray.remote.protocol import (
+    DEFAULT_ROUTE_PREFIX,
+    DeleteCheckpointsRequest,
+    DeleteCheckpointsResponse,
+    ErrorBody,
+    LogRequest,
+    LogResponse,
+    ModelRef,
+    ModelSpec,
+    RegisterResponse,
+    StepResponse,
+    TrainRequest,
+    TrainStreamLine,
+)
+
+if TYPE_CHECKING:
+    from art_ray.model import TrainableModel
+
+APP_NAME = "art-train"
+Body = TypeVar("Body", bound=pydantic.BaseModel)
+
+
+class TrainingServerConfig(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    storage: str = "./art_ray_runs"
+    api_key: str | None = None
+    tracking_uri: str | None = None
+    # the inference app the registered models are served by (started on the first register)
+    inference_app_name: str = "art"
+    inference_route_prefix: str = "/"
+
+
+class AuthRequiredError(ArtRayError, ValueError):
+    """A training server reachable from other hosts must have an API key."""
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, error_type: str) -> None:
+        super().__init__(message)
+        self.body = ErrorBody(message=message, type=error_type, code=status)
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse({"error": error.body.model_dump()}, status_code=error.body.code)
+
+
+app = FastAPI(title="art-ray training", docs_url=None, redoc_url=None)
+
+
+@serve.deployment(num_replicas=1, max_ongoing_requests=256, ray_actor_options={"num_cpus": 0})
+@serve.ingress(app)
+class TrainingServer:
+    """One replica: it owns the trainer groups (actors) of the models registered through it."""
+
+    def __init__(self, config: dict) -> None:
+        self.config = TrainingServerConfig.model_validate(config)
+        self.backend = RayBackend(
+            storage=self.config.storage,
+            api_key=self.config.api_key,
+            app_name=self.config.inference_app_name,
+            route_prefix=self.config.inference_route_prefix,
+            tracking_uri=self.config.tracking_uri,
+        )
+        self.models: dict[str, TrainableModel] = {}
+        self.train_locks: dict[str, asyncio.Lock] = {}
+        self.register_lock = asyncio.Lock()
+
+    async def _call(
+        self, request: Request, body_type: type[Body], handler: Callable[[Body], Awaitable[Response]]
+    ) -> Response:
+        try:
+            self._authorize(request)
+            try:
+                body = body_type.model_validate_json(await request.body())
+            except pydantic.ValidationError as invalid:
+                details = "; ".join(
+                    f"{'.'.join(str(part) for part in e['loc']) or 'body'}: {e['msg']}"
+                    for e in invalid.errors(include_url=False)[:5]
+                )
+                raise ApiError(
+                    400, f"invalid {body_type.__name__}: {details}", "invalid_request_error"
+                ) from None
+            return await handler(body)
+        except ApiError as error:
+            return error_response(error)
+        except (BackendError, ArtRayError, ValueError) as error:
+            return error_response(ApiError(400, str(error), "invalid_request_error"))
+
+    def _authorize(self, request: Request) -> None:
+        if self.config.api_key is None:
+            return
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, f"Bearer {self.config.api_key}".encode()):
+            raise ApiError(
+                401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "authentication_error"
+            )
+
+    def _model(self, name: str) -> TrainableModel:
+        if name not in self.models:
+            raise ApiError(
+                404, f"model {name!r} is not registered on this server: register it first", "not_found_error"
+            )
+        return self.models[name]
+
+    @app.post("/register")
+    async def register(self, request: Request) -> Response:
+        async def handle(spec: ModelSpec) -> Response:
+            async with self.register_lock:
+                model = self.models.get(spec.name)
+                if model is not None and ModelSpec.of(model) != spec:
+                    raise ApiError(
+                        409,
+                        f"model {spec.name!r} is registered with another base model or config",
+                        "conflict_error",
+                    )
+                if model is None:
+                    model = spec.trainable_model()
+                    try:
+                        await model.register(self.backend)
+                    except BackendError as error:
+                        raise ApiError(409, str(error), "conflict_error") from None
+                    self.models[spec.name] = model
+                    self.train_locks[spec.name] = asyncio.Lock()
+            response = RegisterResponse(
+                step=await model.get_step(),
+                inference_path=self.config.inference_route_prefix.rstrip("/") + "/v1",
+                model_dir=self.backend.model_dir(model),
+                tracking_uri=self.backend.tracker(model).tracking_uri,
+            )
+            return JSONResponse(response.model_dump())
+
+        return await self._call(request, ModelSpec, handle)
+
+    @app.post("/train")
+    async def train(self, request: Request) -> Response:
+        async def handle(body: TrainRequest) -> Response:
+            model = self._model(body.model)
+            for group in body.groups:  # a 400 now rather than an error line after the stream started
+                for trajectory in group.trajectories:
+                    trajectory.check_trainable()
+            return StreamingResponse(self._train_lines(model, body), media_type="application/x-ndjson")
+
+        return await self._call(request, TrainRequest, handle)
+
+    async def _train_lines(self, model: TrainableModel, body: TrainRequest) -> AsyncIterator[str]:
+        async with self.train_locks[model.name]:  # one step at a time per model, in arrival order
+            try:
+                async for metrics in self.backend.train(model, body.groups, body.config):
+                    yield TrainStreamLine(metrics=metrics).model_dump_json(exclude_none=True) + "\n"
+            except Exception as error:  # headers are sent: the error travels as the stream's last line
+                body_error = ErrorBody(
+                    message=f"{type(error).__name__}: {error}", type="training_error", code=500
+                )
+                yield TrainStreamLine(error=body_error).model_dump_json(exclude_none=True) + "\n"
+
+    @app.post("/log")
+    async def log(self, request: Request) -> Response:
+        async def handle(body: LogRequest) -> Response:
+            metrics = await self.backend.log(self._model(body.model), body.groups, body.split)
+            return JSONResponse(LogResponse(metrics=metrics).model_dump(mode="json"))
+
+        return await self._call(request, LogRequest, handle)
+
+    @app.post("/step")
+    async def step(self, request: Request) -> Response:
+        async def handle(body: ModelRef) -> Response:
+            return JSONResponse(
+                StepResponse(step=await self.backend.get_step(self._model(body.model))).model_dump()
+            )
+
+        return await self._call(request, ModelRef, handle)
+
+    @app.post("/delete_checkpoints")
+    async def delete_checkpoints(self, request: Request) -> Response:
+        async def handle(body: DeleteCheckpointsRequest) -> Response:
+            model = self._model(body.model)
+            async with self.train_locks[model.name]:
+                deleted = await self.backend.delete_checkpoints(model, body.best_checkpoint_metric)
+            return JSONResponse(DeleteCheckpointsResponse(deleted=deleted).model_dump())
+
+        return await self._call(request, DeleteCheckpointsRequest, handle)
+
+    @app.get("/health")
+    async def health(self) -> Response:
+        return JSONResponse({"models": sorted(self.models)})
+
+    def __del__(self) -> None:
+        # the trainers' placement groups would outlive this replica; the inference app stays up (deleting
+        # an app from inside another app's shutdown can wait on the controller that is deleting us)
+        self.backend.stop_trainers()
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def require_auth_off_localhost(host: str, api_key: str | None) -> None:
+    if api_key is None and not is_loopback(host):
+        raise AuthRequiredError(
+            f"Serve listens on {host}, reachable from other hosts: give the training server an api_key"
+        )
+
+
+def start_training_server(
+    config: TrainingServerConfig,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    route_prefix: str = DEFAULT_ROUTE_PREFIX,
+    app_name: str = APP_NAME,
+) -> str:
+    """Deploy the training routes on the connected cluster's Serve and return the server's base URL (what
+    `HTTPBackend(base_url)` takes). Refuses to run without an API key where other hosts can reach it."""
+    from ray.serve.context import _get_global_client
+
+    serve.start(http_options={"host": host, "port": port})
+    http = _get_global_client().http_config  # a running Serve keeps the options it started with
+    require_auth_off_localhost(http.host, config.api_key)
+    serve.run(TrainingServer.bind(config.model_dump()), name=app_name, route_prefix=route_prefix)
+    url_host = "127.0.0.1" if http.host in ("0.0.0.0", "::", "") else http.host
+    return f"http://{url_host}:{http.port}"

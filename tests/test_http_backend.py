@@ -1,0 +1,213 @@
+"""Remote training over HTTP: a driver with an HTTPBackend (no Ray of its own in the calls) registers a
+`tiny` model with the training server app on the session cluster, samples from the endpoint the server
+names, trains through the NDJSON stream, logs, reads the step and deletes checkpoints; bad requests get
+OpenAI-style error JSON and change nothing.
+
+The server runs as a Serve app ("art-train" at /_art) beside the session's apps, with its own inference
+app ("http" at /http). Tests run in file order on one registered model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import free_port
+from openai.types.chat.chat_completion import Choice
+
+from art_ray import (
+    HTTPBackend,
+    LoRASpec,
+    ModelConfig,
+    RemoteTrainingError,
+    TrainableModel,
+    TrainConfig,
+    Trajectory,
+    TrajectoryGroup,
+    read_trajectory_groups,
+    sampled_tokens,
+)
+from art_ray.remote.server import (
+    AuthRequiredError,
+    TrainingServerConfig,
+    is_loopback,
+    require_auth_off_localhost,
+    start_training_server,
+)
+
+pytestmark = pytest.mark.slow
+
+API_KEY = "http-key"
+CONFIG = ModelConfig(
+    lora=LoRASpec(r=8, alpha=16),
+    sequence_length=256,
+    max_model_len=512,
+    replica_cpus=0,
+    trainer_cpus_per_rank=0,
+)
+PROMPTS = ["Name a color.", "Say a number."]
+NO_LOGPROBS = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "y"}}
+
+
+@pytest.fixture(scope="module")
+def server_url(ray_cluster, tmp_path_factory) -> str:
+    config = TrainingServerConfig(
+        storage=str(tmp_path_factory.mktemp("http")),
+        api_key=API_KEY,
+        inference_app_name="http",
+        inference_route_prefix="/http",
+    )
+    return start_training_server(config, port=free_port())
+
+
+@pytest.fixture(scope="module")
+async def registered(server_url) -> tuple[HTTPBackend, TrainableModel]:
+    backend = HTTPBackend(server_url, api_key=API_KEY)
+    model = TrainableModel(name="http-model", project="http-tests", base_model="tiny", config=CONFIG)
+    await model.register(backend)
+    return backend, model
+
+
+async def rollout(model: TrainableModel, prompt: str) -> Trajectory:
+    messages = [{"role": "user", "content": prompt}]
+    completion = await model.openai_client().chat.completions.create(
+        model=model.get_inference_name(), messages=messages, max_tokens=6, temperature=1.0
+    )
+    choice = completion.choices[0]
+    reward = float(sampled_tokens(choice).token_ids[0] % 2)  # varies within a group
+    return Trajectory(messages_and_choices=[*messages, choice], reward=reward)
+
+
+async def groups_of(model: TrainableModel) -> list[TrajectoryGroup]:
+    groups = []
+    for prompt in PROMPTS:
+        group = await TrajectoryGroup(rollout(model, prompt) for _ in range(4))
+        group.trajectories[0].reward, group.trajectories[1].reward = 1.0, 0.0  # never all equal
+        groups.append(group)
+    return groups
+
+
+def test_auth_is_required_off_localhost() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.5")
+    require_auth_off_localhost("127.0.0.1", None)
+    require_auth_off_localhost("0.0.0.0", "key")
+    with pytest.raises(AuthRequiredError, match="api_key"):
+        require_auth_off_localhost("0.0.0.0", None)
+
+
+async def test_register_names_the_endpoint_and_step_zero(server_url, registered) -> None:
+    backend, model = registered
+    assert model.base_url == f"{server_url}/http/v1"
+    assert model.api_key == API_KEY
+    assert await model.get_step() == 0
+    models = await model.openai_client().models.list()
+    assert "http-model" in {m.id for m in models.data}
+    # registering again is idempotent; the same name with another config is a conflict
+    await model.register(backend)
+    other = TrainableModel(
+        name="http-model",
+        project="http-tests",
+        base_model="tiny",
+        config=CONFIG.model_copy(update={"seed": 7}),
+    )
+    with pytest.raises(RemoteTrainingError) as conflict:
+        await other.register(HTTPBackend(server_url, api_key=API_KEY))
+    assert conflict.value.status == 409
+
+
+async def test_train_streams_each_gradient_step_and_serves_the_new_step(registered) -> None:
+    backend, model = registered
+    groups = await groups_of(model)
+    lines = [
+        m async for m in model.train_stream(groups, TrainConfig(learning_rate=1e-3, num_gradient_steps=2))
+    ]
+    assert len(lines) == 3
+    assert all("loss/train" in line and "step" not in line for line in lines[:2])
+    assert lines[2]["step"] == 1.0 and "time/publish_seconds" in lines[2]
+    assert await model.get_step() == 1
+    served = await model.openai_client().chat.completions.create(
+        model=model.get_inference_name(1), messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+    )
+    assert served.model == "http-model@1"
+    # the train call's groups were saved on the server under the step they were sampled at
+    saved = read_trajectory_groups(f"{backend.model_dir(model)}/trajectories/train/0000.parquet")
+    assert [len(g.trajectories) for g in saved] == [4, 4]
+    assert saved[0].trajectories[1].reward == 0.0
+
+
+async def test_log_and_delete_checkpoints(registered) -> None:
+    backend, model = registered
+    groups = await groups_of(model)
+    metrics = await model.log(groups, split="val")
+    assert metrics["val/num_trajectories"] == 8.0
+    assert (await model.log(groups[:1], split="val"))["val/num_trajectories"] == 4.0  # same step, rewritten
+    assert len(read_trajectory_groups(f"{backend.model_dir(model)}/trajectories/val/0001.parquet")) == 1
+    for _ in range(2):
+        assert await model.train(await groups_of(model), TrainConfig(learning_rate=1e-3), verbose=False) > 1
+    assert await model.get_step() == 3
+    # val/reward exists only at step 1: steps 1 (best) and 3 (latest) stay
+    assert await model.delete_checkpoints("val/reward") == [2]
+    with pytest.raises(Exception, match="tracked by the server"):
+        model.tracker  # noqa: B018
+
+
+async def test_bad_requests_get_error_json_and_change_nothing(server_url, registered) -> None:
+    _, model = registered
+    step = await model.get_step()
+    async with httpx.AsyncClient(base_url=f"{server_url}/_art", timeout=60) as client:
+        unauthenticated = await client.post("/step", json={"model": model.name})
+        assert unauthenticated.status_code == 401
+        assert unauthenticated.json()["error"]["type"] == "authentication_error"
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        not_json = await client.post("/train", content=b"{not json", headers=headers)
+        assert not_json.status_code == 400 and "TrainRequest" in not_json.json()["error"]["message"]
+        unknown = await client.post("/step", json={"model": "nobody"}, headers=headers)
+        assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "not_found_error"
+        escape = await client.post(
+            "/log", json={"model": model.name, "groups": [], "split": "../x"}, headers=headers
+        )
+        assert escape.status_code == 400 and "split" in escape.json()["error"]["message"]
+        pickle_like = await client.post("/step", content=b"\x80\x04\x95", headers=headers)
+        assert pickle_like.status_code == 400
+    # a trajectory without token data is refused before anything trains or is saved
+    untrainable = TrajectoryGroup(
+        [
+            Trajectory(
+                messages_and_choices=[
+                    {"role": "user", "content": "x"},
+                    Choice.model_validate(NO_LOGPROBS),
+                ],
+                reward=float(r),
+            )
+            for r in range(2)
+        ]
+    )
+    with pytest.raises(RemoteTrainingError) as refused:
+        await model.train([untrainable], verbose=False)
+    assert refused.value.status == 400
+    assert await model.get_step() == step
+    with pytest.raises(RemoteTrainingError) as wrong_key:
+        await HTTPBackend(server_url, api_key="wrong").get_step(model)
+    assert wrong_key.value.status == 401
+
+
+def test_an_example_script_trains_through_the_server_without_ray(server_url) -> None:
+    """The agent examples' loop takes --server: the same script, no Ray in the driver (rollouts run on its
+    own event loop), trains a model of its own on the server."""
+    script = Path(__file__).parents[1] / "examples" / "temporal_clue" / "train.py"
+    command = [
+        sys.executable, str(script), "--server", server_url, "--model", "tiny", "--name", "http-clue",
+        "--steps", "1", "--groups-per-step", "2", "--group-size", "3", "--lora-rank", "8",
+    ]  # fmt: skip
+    env = {**os.environ, "ART_RAY_API_KEY": API_KEY, "RAY_ADDRESS": ""}
+    run = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["task"] == "temporal_clue" and result["steps"] == 1
+    assert "ray.init" not in run.stderr and "Started a local Ray instance" not in run.stderr
