@@ -50,12 +50,12 @@ def _serve(args: argparse.Namespace) -> int:
     schema = ServeDeploySchema.model_validate(yaml.safe_load(Path(args.config).read_text()))
     _connect(args.address)
     http = schema.http_options
+    serve.start(http_options={"host": http.host, "port": http.port})
     for app in schema.applications:
         if app.import_path != "art_ray.serving.entrypoint:app_builder":
             print(f"skipping {app.name}: not an art-ray app ({app.import_path})", file=sys.stderr)
             continue
         built = app_builder(app.args)
-        serve.start(http_options={"host": http.host, "port": http.port})
         serve.run(built, name=app.name, route_prefix=app.route_prefix)
         prefix = (app.route_prefix or "/").rstrip("/")
         print(f"{app.name}: http://{http.host}:{http.port}{prefix}/v1", flush=True)
@@ -118,6 +118,10 @@ def _submit(args: argparse.Namespace) -> int:
     return subprocess.call([str(ray_cli) if ray_cli.exists() else "ray", *command[1:]])
 
 
+def _add_address(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS, else auto)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="art-ray", description="Train LLM agents with RL on Ray.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -148,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         "keep running after exit.",
     )
     serve.add_argument("--config", required=True, help="a Serve config file")
-    serve.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS, else auto)")
+    _add_address(serve)
     serve.set_defaults(handler=_serve)
 
     training = commands.add_parser(
@@ -159,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         "served by an inference app on the same Serve proxy. An API key is required unless Serve listens "
         "on localhost only. The app keeps running after exit.",
     )
-    training.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS, else auto)")
+    _add_address(training)
     training.add_argument("--host", default="127.0.0.1", help="Serve's HTTP host, if this starts Serve")
     training.add_argument("--port", type=int, default=8000, help="Serve's HTTP port, if this starts Serve")
     training.add_argument(
@@ -183,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="models, their steps, and the versions each inference replica serves",
         description="Reads the LoRA registry and the art-ray Serve apps of a running cluster.",
     )
-    status.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS, else auto)")
+    _add_address(status)
     status.add_argument("--json", action="store_true", help="print JSON instead of text")
     status.set_defaults(handler=_status)
 

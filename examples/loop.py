@@ -15,15 +15,23 @@ import json
 import os
 import random
 import statistics
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import ray
+from openai.types.chat.chat_completion import Choice
+
 import art_ray
 from art_ray import HTTPBackend, LoRASpec, ModelConfig, RayBackend, TrainableModel, TrainConfig, Trajectory
 
 Rollout = Callable[[TrainableModel, Any, float], Awaitable[Trajectory]]
+
+# Rollouts that call the helpers below run on Ray workers, which have the example's own folder on their
+# path (art-ray submit) but not examples/: the helpers travel by value with the rollout function.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @dataclass
@@ -36,6 +44,23 @@ class AgentTask:
     max_model_len: int = 1024
     # sampling temperature of training rollouts (held-out evaluation is greedy)
     train_temperature: float = 1.0
+
+
+async def chat_turn(
+    model: TrainableModel, messages: list, user_message: str, *, max_tokens: int, temperature: float
+) -> Choice:
+    """One turn of a multi-turn rollout: append the user's message, sample the reply from the model's
+    latest step, append the choice (what GRPO trains on) and return it."""
+    messages.append({"role": "user", "content": user_message})
+    completion = await model.openai_client().chat.completions.create(
+        model=model.get_inference_name(),
+        messages=art_ray.get_messages(messages),
+        max_tokens=max_tokens,
+        temperature=temperature,
+    )
+    choice = completion.choices[0]
+    messages.append(choice)
+    return choice
 
 
 def parse_args(task_name: str, doc: str, argv: list[str] | None = None) -> argparse.Namespace:

@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]
 
 from board2048 import Game, parse_move, reward  # noqa: E402
-from loop import AgentTask, main  # noqa: E402
+from loop import AgentTask, chat_turn, main  # noqa: E402
 
 import art_ray  # noqa: E402
 from art_ray import TrainableModel, Trajectory  # noqa: E402
@@ -33,17 +33,9 @@ async def rollout(model: TrainableModel, game_seed: int, temperature: float) -> 
     game = Game(size=3, target=64, seed=game_seed)
     messages: list = [{"role": "system", "content": SYSTEM}]
     valid = invalid = 0
-    client = model.openai_client()
     while not game.finished() and valid + invalid < MAX_MOVES and invalid < MAX_INVALID:
-        messages.append({"role": "user", "content": f"{game.render()}\n\nYour move:"})
-        completion = await client.chat.completions.create(
-            model=model.get_inference_name(),
-            messages=art_ray.get_messages(messages),
-            max_tokens=MAX_TOKENS,
-            temperature=temperature,
-        )
-        choice = completion.choices[0]
-        messages.append(choice)
+        prompt = f"{game.render()}\n\nYour move:"
+        choice = await chat_turn(model, messages, prompt, max_tokens=MAX_TOKENS, temperature=temperature)
         direction = parse_move(choice.message.content or "")
         if direction is not None and game.move(direction):
             valid += 1

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]
 
-from loop import AgentTask, main  # noqa: E402
+from loop import AgentTask, chat_turn, main  # noqa: E402
 from tictactoe import Board, opponent_move, outcome_reward, parse_move  # noqa: E402
 
 import art_ray  # noqa: E402
@@ -34,19 +34,10 @@ async def rollout(model: TrainableModel, game_seed: int, temperature: float) -> 
     board = Board()
     messages: list = [{"role": "system", "content": SYSTEM}]
     legal_moves, illegal = 0, False
-    client = model.openai_client()
     while not board.finished():
         free = ", ".join(str(cell + 1) for cell in board.empty())
         prompt = f"{board.render()}\n\nFree cells: {free}. Your move, one number from that list:"
-        messages.append({"role": "user", "content": prompt})
-        completion = await client.chat.completions.create(
-            model=model.get_inference_name(),
-            messages=art_ray.get_messages(messages),
-            max_tokens=MAX_TOKENS,
-            temperature=temperature,
-        )
-        choice = completion.choices[0]
-        messages.append(choice)
+        choice = await chat_turn(model, messages, prompt, max_tokens=MAX_TOKENS, temperature=temperature)
         cell = parse_move(choice.message.content or "")
         if cell is None or cell not in board.empty():
             illegal = True
