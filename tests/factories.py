@@ -1,8 +1,20 @@
-"""Hand-built data shaped like what the art-ray endpoint returns (for unit tests of pure logic)."""
+"""Hand-built data shaped like what the art-ray endpoint returns (for unit tests of pure logic), and the
+small `tiny` model config the SDK integration tests share."""
 
 from __future__ import annotations
 
 from openai.types.chat.chat_completion import Choice
+
+from art_ray import LoRASpec, ModelConfig
+
+# Replica and trainer take no CPU reservation: on 2 cores the session's apps would not all schedule.
+TINY_CONFIG = ModelConfig(
+    lora=LoRASpec(r=8, alpha=16),
+    sequence_length=256,
+    max_model_len=512,
+    replica_cpus=0,
+    trainer_cpus_per_rank=0,
+)
 
 
 def served_choice(

@@ -13,17 +13,17 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from conftest import free_port
+from factories import TINY_CONFIG
 from openai.types.chat.chat_completion import Choice
 
 from art_ray import (
     HTTPBackend,
-    LoRASpec,
-    ModelConfig,
     RemoteTrainingError,
     TrainableModel,
     TrainConfig,
@@ -33,6 +33,7 @@ from art_ray import (
     sampled_tokens,
 )
 from art_ray.remote.server import (
+    APP_NAME,
     AuthRequiredError,
     TrainingServerConfig,
     is_loopback,
@@ -43,26 +44,28 @@ from art_ray.remote.server import (
 pytestmark = pytest.mark.slow
 
 API_KEY = "http-key"
-CONFIG = ModelConfig(
-    lora=LoRASpec(r=8, alpha=16),
-    sequence_length=256,
-    max_model_len=512,
-    replica_cpus=0,
-    trainer_cpus_per_rank=0,
-)
+CONFIG = TINY_CONFIG
 PROMPTS = ["Name a color.", "Say a number."]
 NO_LOGPROBS = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "y"}}
 
 
 @pytest.fixture(scope="module")
-def server_url(ray_cluster, tmp_path_factory) -> str:
+def server_url(ray_cluster, tmp_path_factory) -> Iterator[str]:
     config = TrainingServerConfig(
         storage=str(tmp_path_factory.mktemp("http")),
         api_key=API_KEY,
         inference_app_name="http",
         inference_route_prefix="/http",
     )
-    return start_training_server(config, port=free_port())
+    yield start_training_server(config, port=free_port())
+    # Its inference app serves the same base model as the session's app: left up, it would also load
+    # (and be counted for) every version published later in the session.
+    from ray import serve
+
+    from art_ray.serving.launch import stop_inference
+
+    serve.delete(APP_NAME)
+    stop_inference(config.inference_app_name)
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,10 @@ from pathlib import Path
 import openai
 import pytest
 from conftest import free_port
+from factories import TINY_CONFIG
 
 from art_ray import (
     LoRASpec,
-    ModelConfig,
     RayBackend,
     TrainableModel,
     TrainConfig,
@@ -35,13 +35,7 @@ pytestmark = pytest.mark.slow
 
 API_KEY = "sdk-key"
 PROMPTS = ["Name a color.", "Say a number.", "Pick an animal."]
-CONFIG = ModelConfig(
-    lora=LoRASpec(r=8, alpha=16),
-    sequence_length=256,
-    max_model_len=512,
-    replica_cpus=0,
-    trainer_cpus_per_rank=0,
-)
+CONFIG = TINY_CONFIG
 
 
 async def rollout(model: TrainableModel, prompt: str) -> Trajectory:
