@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 import ray
 
 from art_ray.models import default_tool_call_parser, resolve_base_model
+from art_ray.placement import ModelPlan, cluster_shapes, plan_model, wait_placeable
 from art_ray.serving.config import ServingConfig
-from art_ray.serving.engine_config import EngineConfig, detect_device
+from art_ray.serving.engine_config import EngineConfig
 from art_ray.tracking import Tracker, group_metrics, save_trajectories, train_step_metrics
 from art_ray.train_config import TrainConfig
 from art_ray.trainer.config import TrainerConfig
@@ -88,6 +89,7 @@ class RayBackend:
         self.base_url: str | None = None
         self._base_model: str | None = None
         self._max_lora_rank = 0
+        self._layout: str | None = None
         self._trainers: dict[str, TrainerGroup] = {}
         self._trackers: dict[str, Tracker] = {}
         self._started_ray = False
@@ -108,70 +110,78 @@ class RayBackend:
         else:
             ray.init(address=self.address or os.environ["RAY_ADDRESS"], log_to_driver=False)
 
-    def _serving_config(self, model: TrainableModel, base_model: str) -> ServingConfig:
+    def _serving_config(self, model: TrainableModel, base_model: str, plan: ModelPlan) -> ServingConfig:
         config = model.config
-        on_gpu = detect_device() == "gpu"
         engine = EngineConfig(
             model=base_model,
+            device=plan.engine_device,
+            colocated=plan.layout == "colocated",
             max_model_len=config.max_model_len,
             max_lora_rank=config.lora.r,
             max_loras=max(4, config.keep_versions),
-            cpu_threads=None if on_gpu else config.engine_threads,
+            cpu_threads=plan.engine_threads,
             tensor_parallel_size=config.tensor_parallel_size,
             gpu_memory_utilization=config.gpu_memory_utilization,
             seed=config.seed,
         )
-        gpus = config.replica_gpus if config.replica_gpus is not None else (1.0 if on_gpu else 0.0)
         return ServingConfig(
             engine=engine,
             app_name=self.app_name,
             route_prefix=self.route_prefix,
             num_replicas=config.num_replicas,
-            replica_num_cpus=config.replica_cpus,
-            replica_num_gpus=gpus * config.tensor_parallel_size,
-            replica_resources=config.replica_resources,
+            replica_num_cpus=plan.replica.num_cpus,
+            replica_num_gpus=plan.replica.num_gpus,
+            replica_resources=plan.replica.resources,
             api_key=self.api_key,
             keep_versions=config.keep_versions,
             tool_call_parser=config.tool_call_parser or default_tool_call_parser(model.base_model),
             chat_template=config.chat_template,
         )
 
-    def _trainer_config(self, model: TrainableModel, base_model: str) -> TrainerConfig:
-        config = model.config
-        on_gpu = detect_device() == "gpu"
-        gpus = config.trainer_gpus_per_rank
+    def _trainer_config(self, model: TrainableModel, base_model: str, plan: ModelPlan) -> TrainerConfig:
         return TrainerConfig(
             model=model.name,
             project=model.project,
             base_model=base_model,
-            lora=config.lora,
             storage=self.storage,
-            world_size=config.world_size,
-            zero_stage=config.zero_stage,
-            sequence_length=config.sequence_length,
-            micro_batch_rows=config.micro_batch_rows,
-            num_cpus_per_rank=config.trainer_cpus_per_rank,
-            num_gpus_per_rank=gpus if gpus is not None else (1.0 if on_gpu else 0.0),
-            torch_threads=config.trainer_threads,
-            resources_per_rank=config.trainer_resources,
-            seed=config.seed,
+            settings=model.config,
+            device=plan.trainer_device,
+            rank=plan.trainer_rank,
+            threads=plan.trainer_threads,
+            colocated=plan.layout == "colocated",
         )
+
+    async def _place(
+        self, what: str, demands: list[dict[str, float]], settings: str, model: TrainableModel
+    ) -> None:
+        # An embedded cluster has no autoscaler: what does not fit now never will, so this raises at once.
+        await wait_placeable(demands, what, settings, model.config.placement_timeout_s)
 
     async def register(self, model: TrainableModel) -> None:
         """Serve the model's base model (once) and start its trainer group; returns when `name` serves
-        the latest step (resumed from the latest checkpoint if there is one)."""
+        the latest step (resumed from the latest checkpoint if there is one). Raises PlacementError
+        (naming the setting to change) when the cluster cannot hold the model's layout."""
         from art_ray.serving.launch import start_inference
         from art_ray.trainer.group import TrainerGroup
 
         self._connect()
         base_model = resolve_base_model(model.base_model)
+        plan = plan_model(model.config, cluster_shapes())
         if self._base_model is None:
+            config = self._serving_config(model, base_model, plan)
+            await self._place(
+                f"the inference app of {model.name!r}",
+                [plan.replica.demand()] * config.num_replicas,
+                "ModelConfig.replica_cpus / replica_gpus / num_replicas / replica_resources",
+                model,
+            )
+            print(f"art-ray: {model.name}: {plan.describe()}", flush=True)
             # in a thread: deploying waits for the engines (~30 s on CPU), and a training server's event
             # loop keeps answering meanwhile
-            config = self._serving_config(model, base_model)
             self.base_url = await asyncio.to_thread(start_inference, config, self.host, self.port)
             self._base_model = base_model
             self._max_lora_rank = config.engine.max_lora_rank
+            self._layout = plan.layout
         elif base_model != self._base_model:
             raise BackendError(
                 f"this backend serves {self._base_model}; models on another base model need a backend of "
@@ -182,8 +192,22 @@ class RayBackend:
                 f"model {model.name!r} has LoRA rank {model.config.lora.r} but this backend's engines load "
                 f"adapters up to rank {self._max_lora_rank} (set by the first model registered)"
             )
+        elif plan.layout != self._layout:
+            raise BackendError(
+                f"model {model.name!r} plans layout {plan.layout!r} but this backend's engines run "
+                f"{self._layout!r} (set by the first model registered): set ModelConfig.layout"
+            )
         if model.name not in self._trainers:
-            trainer = TrainerGroup(self._trainer_config(model, base_model))
+            await self._place(
+                f"the trainer of {model.name!r}",
+                [plan.trainer_rank.demand()] * model.config.world_size,
+                "ModelConfig.trainer_cpus_per_rank / trainer_gpus_per_rank / world_size / trainer_resources",
+                model,
+            )
+            trainer = TrainerGroup(
+                self._trainer_config(model, base_model, plan),
+                placement_timeout_s=model.config.placement_timeout_s,
+            )
             await trainer.start()
             self._trainers[model.name] = trainer
         if model.name not in self._trackers:

@@ -87,8 +87,9 @@ def groups_from(data: dict) -> list:
 
 
 async def art_ray_tokens_per_second(base_model: str, data: dict, args: argparse.Namespace) -> dict:
-    from art_ray import TrainConfig
+    from art_ray import ModelConfig, TrainConfig
     from art_ray.adapters.lora_files import LoRASpec
+    from art_ray.placement import Reservation
     from art_ray.trainer.config import TrainerConfig
     from art_ray.trainer.group import TrainerGroup
 
@@ -99,11 +100,10 @@ async def art_ray_tokens_per_second(base_model: str, data: dict, args: argparse.
                 model="throughput",
                 project="bench",
                 base_model=base_model,
-                lora=LoRASpec(r=16, alpha=32),
                 storage=storage,
-                sequence_length=512,
-                torch_threads=args.threads,
-                num_cpus_per_rank=1,
+                settings=ModelConfig(lora=LoRASpec(r=16, alpha=32), sequence_length=512),
+                threads=args.threads,
+                rank=Reservation(num_cpus=1),
             ),
             publish=False,
         )

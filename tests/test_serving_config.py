@@ -43,14 +43,21 @@ def test_vllm_namespace_accepts_every_engine_kwarg() -> None:
     args = vllm_namespace(config)
     assert args.model == "/m" and args.enable_lora is True and args.dtype == "float32"
     assert args.served_model_name == [BASE_MODEL_NAME] and args.api_key == ["k"]
-    tools = vllm_namespace(ServingConfig(engine=EngineConfig(model="/m"), tool_call_parser="hermes"))
+    tools = vllm_namespace(
+        ServingConfig(engine=EngineConfig(model="/m", device="cpu"), tool_call_parser="hermes")
+    )
     assert tools.enable_auto_tool_choice is True and tools.tool_call_parser == "hermes"
     assert args.enable_auto_tool_choice is False
     compact = {"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}}
-    structured = vllm_namespace(ServingConfig(engine=EngineConfig(model="/m", extra_engine_kwargs=compact)))
+    structured = vllm_namespace(
+        ServingConfig(engine=EngineConfig(model="/m", device="cpu", extra_engine_kwargs=compact))
+    )
     assert structured.structured_outputs_config.disable_any_whitespace is True
     with pytest.raises(ValueError, match="unknown vLLM engine argument"):
-        vllm_namespace(ServingConfig(engine=EngineConfig(model="/m", extra_engine_kwargs={"no_such_arg": 1})))
+        unknown = {"no_such_arg": 1}
+        vllm_namespace(
+            ServingConfig(engine=EngineConfig(model="/m", device="cpu", extra_engine_kwargs=unknown))
+        )
 
 
 def test_keep_versions_cannot_exceed_lora_slots() -> None:
@@ -69,7 +76,7 @@ def test_versioned_names_round_trip() -> None:
     assert parse_versioned_name("agent") == ("agent", None)
 
 
-def test_serve_config_file_builds_an_application() -> None:
+def test_serve_config_file_builds_an_application(ray_cluster) -> None:
     from ray import serve
 
     from art_ray.serving.entrypoint import app_builder

@@ -13,8 +13,9 @@ import openai
 import pytest
 import torch
 
-from art_ray import TrainConfig, Trajectory, TrajectoryGroup, sampled_tokens
+from art_ray import ModelConfig, TrainConfig, Trajectory, TrajectoryGroup, sampled_tokens
 from art_ray.adapters.lora_files import LoRASpec
+from art_ray.placement import Reservation
 from art_ray.trainer.config import TrainerConfig
 from art_ray.trainer.group import TrainerGroup
 
@@ -29,12 +30,9 @@ def trainer_config(app, name: str, storage, world_size: int = 1, zero_stage: int
         model=name,
         project="tests",
         base_model=app.base_model,
-        lora=SPEC,
         storage=str(storage),
-        world_size=world_size,
-        zero_stage=zero_stage,
-        num_cpus_per_rank=0.25,
-        sequence_length=256,
+        settings=ModelConfig(lora=SPEC, world_size=world_size, zero_stage=zero_stage, sequence_length=256),
+        rank=Reservation(num_cpus=0.25),
     )
 
 

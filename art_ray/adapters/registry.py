@@ -97,27 +97,37 @@ class LoRARegistry:
         replicas = await self._broadcast(version, timeout_s)
         return {"replicas": replicas}
 
+    async def handover(self, base_model: str, action: str, timeout_s: float = 300.0) -> int:
+        """Colocated layout: every replica of `base_model` gives its devices to the trainer ("release")
+        or takes them back ("reclaim"); returns how many replicas did."""
+        results = await self._broadcast_call("handover", (base_model, action), timeout_s)
+        return sum(results)
+
     async def _broadcast(self, version: AdapterVersion, timeout_s: float) -> int:
+        # replicas of apps on another base model answer without loading it
+        results = await self._broadcast_call("load_adapter", (version,), timeout_s)
+        return sum(version.step in served.get(version.model, []) for served in results)
+
+    async def _broadcast_call(self, method: str, args: tuple, timeout_s: float) -> list[Any]:
+        """Call `method` on every replica of every subscribed deployment; one result per replica."""
         from ray import serve
 
-        async def push(subscription: Subscription) -> int:
+        async def push(subscription: Subscription) -> list[Any]:
             key = (subscription.app_name, subscription.deployment_name)
             try:
                 if key not in self._handles:
                     self._handles[key] = serve.get_deployment_handle(
                         subscription.deployment_name, subscription.app_name
                     )
-                response = self._handles[key].broadcast("load_adapter", version)
-                results = await response.results_async(timeout_s=timeout_s)
+                response = self._handles[key].broadcast(method, *args)
+                return await response.results_async(timeout_s=timeout_s)
             except RayServeException as error:  # the app was deleted: nobody serves it there any more
                 logger.warning("dropping subscription %s: %s", subscription, error)
                 self.unsubscribe(subscription.app_name, subscription.deployment_name)
-                return 0
-            # replicas of apps on another base model answer without loading it
-            return sum(version.step in served.get(version.model, []) for served in results)
+                return []
 
-        counts = await asyncio.gather(*(push(s) for s in list(self._subscriptions.values())))
-        return sum(counts)
+        per_deployment = await asyncio.gather(*(push(s) for s in list(self._subscriptions.values())))
+        return [result for results in per_deployment for result in results]
 
 
 def get_registry(create: bool = True, keep_versions: int = 4) -> ray.actor.ActorHandle:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pydantic
 
+from art_ray.placement import NodeShape, PlacementError
 from art_ray.serving.engine_config import EngineConfig
 
 
@@ -30,7 +31,8 @@ class ServingConfig(pydantic.BaseModel):
     max_ongoing_requests: int = pydantic.Field(default=256, ge=1)
     # CPUs Ray reserves per replica; on a 2-core box the engine gets one and the trainer the other.
     replica_num_cpus: float = pydantic.Field(default=1.0, ge=0)
-    replica_num_gpus: float = pydantic.Field(default=0.0, ge=0)
+    # None: one GPU per tensor-parallel rank on GPU nodes, 0 on CPU
+    replica_num_gpus: float | None = pydantic.Field(default=None, ge=0)
     # Custom Ray resources per replica: pins replicas to node types (e.g. {"inference_node": 1}).
     replica_resources: dict[str, float] = pydantic.Field(default_factory=dict)
     # Bearer key required on /v1 routes when set.
@@ -47,6 +49,24 @@ class ServingConfig(pydantic.BaseModel):
     adapter_dir: str | None = None
     # Trained adapters to serve from checkpoints (a production endpoint without a trainer).
     checkpoints: list[ServedCheckpoint] = pydantic.Field(default_factory=list)
+
+    def placed(self, shapes: list[NodeShape]) -> ServingConfig:
+        """This config with the device and GPUs that were left to the cluster decided from its nodes
+        (those that carry `replica_resources`), for a Serve config file or a fixture."""
+        nodes = [shape for shape in shapes if shape.offers(self.replica_resources)]
+        if not nodes:
+            raise PlacementError(
+                f"no node of this cluster has the resources {sorted(self.replica_resources)} of "
+                "replica_resources; set it to resources your nodes advertise"
+            )
+        device = self.engine.device
+        if device == "auto":
+            device = "gpu" if any(node.gpus > 0 for node in nodes) else "cpu"
+        gpus = self.replica_num_gpus
+        if gpus is None:
+            gpus = float(self.engine.tensor_parallel_size) if device == "gpu" else 0.0
+        engine = self.engine.model_copy(update={"device": device})
+        return self.model_copy(update={"engine": engine, "replica_num_gpus": gpus})
 
     @pydantic.model_validator(mode="after")
     def _check_lora_slots(self) -> ServingConfig:

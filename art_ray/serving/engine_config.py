@@ -7,15 +7,7 @@ from typing import Any, Literal
 
 import pydantic
 
-
-def detect_device() -> Literal["cpu", "gpu"]:
-    try:
-        import torch
-
-        return "gpu" if torch.cuda.is_available() else "cpu"
-    except ImportError:
-        return "cpu"
-
+from art_ray.colocation import PASSIVE_THREADS_ENV
 
 CPU_BLOCK_SIZE = 32
 
@@ -24,7 +16,12 @@ class EngineConfig(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
 
     model: str
+    # "auto" is resolved from the cluster's nodes where the app is built (art_ray/placement.py), never
+    # from the devices of the process that builds it.
     device: Literal["auto", "cpu", "gpu"] = "auto"
+    # Shares its devices with a trainer and takes turns (art_ray/colocation.py): GPU engines start with
+    # sleep mode; CPU engines' idle threads sleep instead of spinning.
+    colocated: bool = False
     # CPU: float32 (bf16 measured ~5x slower on AVX2); GPU: the checkpoint's dtype.
     dtype: str | None = None
     max_model_len: int = pydantic.Field(default=2048, ge=16)
@@ -45,13 +42,15 @@ class EngineConfig(pydantic.BaseModel):
     # CPU only: KV cache size in GiB, and how vLLM binds its OpenMP threads ("auto", "nobind", "0-3").
     cpu_kvcache_space_gib: int = pydantic.Field(default=1, ge=1)
     cpu_threads_bind: str = "nobind"
-    # Threads of the engine's torch ops on CPU (the 2-core dev box gives the engine one).
+    # Threads of the engine's torch ops on CPU; None: every core of the node the replica runs on.
     cpu_threads: int | None = pydantic.Field(default=None, ge=1)
     extra_engine_kwargs: dict[str, Any] = pydantic.Field(default_factory=dict)
 
     @property
     def resolved_device(self) -> Literal["cpu", "gpu"]:
-        return detect_device() if self.device == "auto" else self.device
+        if self.device == "auto":
+            raise ValueError("EngineConfig.device is 'auto': resolve it from the cluster first (placement)")
+        return self.device
 
     def vllm_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for vllm.LLM / AsyncEngineArgs."""
@@ -73,20 +72,25 @@ class EngineConfig(pydantic.BaseModel):
         if not on_cpu:
             kwargs["tensor_parallel_size"] = self.tensor_parallel_size
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
+            if self.colocated:
+                kwargs["enable_sleep_mode"] = True
         kwargs.update(self.extra_engine_kwargs)
         return kwargs
 
     def env_vars(self) -> dict[str, str]:
-        """Environment the engine process needs before vLLM is imported there."""
+        """Environment the engine process needs before vLLM is imported there; computed on the node
+        that runs the engine (every core: the cores this process may run on)."""
         if self.resolved_device != "cpu":
             return {}
+        threads = self.cpu_threads or len(os.sched_getaffinity(0))
         env = {
             "VLLM_CPU_KVCACHE_SPACE": str(self.cpu_kvcache_space_gib),
             "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
             "VLLM_CPU_OMP_THREADS_BIND": self.cpu_threads_bind,
+            "OMP_NUM_THREADS": str(threads),
         }
-        if self.cpu_threads is not None:
-            env["OMP_NUM_THREADS"] = str(self.cpu_threads)
+        if self.colocated:
+            env.update(PASSIVE_THREADS_ENV)
         return env
 
     def apply_env(self) -> None:

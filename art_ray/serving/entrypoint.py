@@ -16,6 +16,8 @@ from art_ray.serving.replica import build_inference_app
 
 
 def app_builder(args: dict[str, Any]) -> serve.Application:
+    from art_ray.placement import cluster_shapes
+
     config = ServingConfig.model_validate(args)
     engine = config.engine.model_copy(update={"model": resolve_base_model(config.engine.model)})
-    return build_inference_app(config.model_copy(update={"engine": engine}))
+    return build_inference_app(config.model_copy(update={"engine": engine}).placed(cluster_shapes()))

@@ -19,6 +19,9 @@ def start_inference(config: ServingConfig, host: str = DEFAULT_HOST, port: int =
     URL names where its proxy really listens, not `host`/`port`."""
     from ray.serve.context import _get_global_client
 
+    from art_ray.placement import cluster_shapes
+
+    config = config.placed(cluster_shapes())
     serve.start(http_options={"host": host, "port": port})
     serve.run(build_inference_app(config), name=config.app_name, route_prefix=config.route_prefix)
     http = _get_global_client().http_config

@@ -15,6 +15,7 @@ from starlette.middleware import Middleware
 from art_ray import storage
 from art_ray.adapters.lora_files import validate_model_name
 from art_ray.adapters.registry import AdapterVersion, get_registry
+from art_ray.colocation import EngineHandover
 from art_ray.serving.adapter_store import AdapterStore
 from art_ray.serving.config import ServedCheckpoint, ServingConfig
 from art_ray.serving.middleware import ModelRoutingMiddleware
@@ -29,6 +30,7 @@ class InferenceReplica:
     async def __init__(self, config: ServingConfig) -> None:
         self._config = config
         self._engine, self._app = await build_engine_and_app(config)
+        self._handover = EngineHandover(self._engine, config.engine.device)
         context = serve.get_replica_context()
         replica_id = context.replica_id.unique_id
         root = Path(config.adapter_dir or tempfile.gettempdir()) / "art_ray_adapters"
@@ -57,6 +59,18 @@ class InferenceReplica:
         if self._serves_base(version):
             await self._adapters.load(version)
         return self._adapters.served_models()
+
+    async def handover(self, base_model: str, action: str) -> bool:
+        """Colocated layout: give the devices to the trainer of `base_model` or take them back."""
+        if base_model != self._config.engine.model:
+            return False
+        if action == "release":
+            await self._handover.release()
+        elif action == "reclaim":
+            await self._handover.reclaim()
+        else:
+            raise ValueError(f"unknown hand-over action {action!r}")
+        return True
 
     def _serves_base(self, version: AdapterVersion) -> bool:
         # The registry is cluster-wide; apps on other base models ignore versions that are not theirs.
@@ -107,14 +121,13 @@ class InferenceReplica:
 
 
 def replica_actor_options(config: ServingConfig) -> dict:
+    # The engine's environment (threads, KV cache size) is applied in the replica, before it spawns the
+    # engine process: "all cores" is only known on the node that runs it.
     options: dict = {"num_cpus": config.replica_num_cpus}
     if config.replica_num_gpus:
         options["num_gpus"] = config.replica_num_gpus
     if config.replica_resources:
         options["resources"] = dict(config.replica_resources)
-    env = config.engine.env_vars()
-    if env:
-        options["runtime_env"] = {"env_vars": env}
     return options
 
 

@@ -1,25 +1,26 @@
 """The trainer group: world_size TrainerWorker actors in a placement group, driven as one.
 
-After every train call rank 0's adapter is checkpointed and published to the serving replicas through
-the LoRA registry as the next step; `train` returns when every live replica serves it.
+After every train call rank 0's adapter is published to the serving replicas through the LoRA registry
+as the next step; `train` returns when every live replica serves it. The checkpoint is written in the
+background meanwhile (the ranks write it before they run anything else), and marked complete last.
+Colocated, the engines give the devices to the trainer for the train call and take them back after.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import tempfile
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from art_ray import storage
-from art_ray.adapters.lora_files import write_peft_adapter
-from art_ray.adapters.registry import publish_adapter
+from art_ray.adapters.registry import get_registry, publish_adapter
+from art_ray.colocation import PASSIVE_THREADS_ENV
+from art_ray.placement import PlacementError
 from art_ray.train_config import TrainConfig
 from art_ray.trainer.config import TrainerConfig
 from art_ray.trainer.worker import TrainerWorker
@@ -40,35 +41,55 @@ def latest_checkpoint(config: TrainerConfig) -> tuple[int, str] | None:
     return (steps[-1], config.checkpoint_dir(steps[-1])) if steps else None
 
 
+@ray.remote(num_cpus=0)
+def _mark_complete(folder: str, step: int, *saved: None) -> None:
+    """Runs once every rank's save finished (Ray resolves `saved` first); a folder without the state
+    file is an interrupted checkpoint and is never resumed from."""
+    storage.write_text(f"{folder}/{STATE_FILE}", json.dumps({"step": step, "saved_at": time.time()}))
+
+
 class TrainerGroup:
-    def __init__(self, config: TrainerConfig, publish: bool = True) -> None:
+    def __init__(
+        self, config: TrainerConfig, publish: bool = True, placement_timeout_s: float = 60.0
+    ) -> None:
         self.config = config
         self.publish = publish
+        self._placement_timeout_s = placement_timeout_s
         # Ray rejects all-zero bundles; a rank that reserves nothing still needs a place to stand
-        bundle = {"CPU": config.num_cpus_per_rank or 0.001}
-        if config.num_gpus_per_rank:
-            bundle["GPU"] = config.num_gpus_per_rank
-        bundle.update(config.resources_per_rank)
-        self._placement_group = placement_group([bundle] * config.world_size, strategy="PACK")
+        bundle = config.rank.demand() or {"CPU": 0.001}
+        self._placement_group = placement_group([bundle] * config.settings.world_size, strategy="PACK")
+        env = {} if config.threads is None else {"OMP_NUM_THREADS": str(config.threads)}
+        if config.colocated:
+            env.update(PASSIVE_THREADS_ENV)
         self.workers = [
             ray.remote(TrainerWorker)
             .options(
-                num_cpus=config.num_cpus_per_rank,
-                num_gpus=config.num_gpus_per_rank,
-                resources=dict(config.resources_per_rank),
+                num_cpus=config.rank.num_cpus,
+                num_gpus=config.rank.num_gpus,
+                resources=dict(config.rank.resources),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self._placement_group, placement_group_bundle_index=rank
                 ),
-                runtime_env={"env_vars": {"OMP_NUM_THREADS": str(config.torch_threads)}},
+                runtime_env={"env_vars": env},
             )
             .remote(config, rank)
-            for rank in range(config.world_size)
+            for rank in range(config.settings.world_size)
         ]
         self.step = 0
+        self._checkpoint_written: ray.ObjectRef | None = None
 
     async def start(self) -> int:
         """Build the engines, resume from the latest checkpoint if there is one, publish the adapter."""
-        await self._placement_group.ready()
+        try:
+            await asyncio.wait_for(self._placement_group.ready(), self._placement_timeout_s)
+        except TimeoutError:
+            self.shutdown()
+            raise PlacementError(
+                f"the trainer of {self.config.model!r} was not placed within "
+                f"{self._placement_timeout_s:.0f} s "
+                f"({self.config.settings.world_size} x {self.config.rank.demand()}); free those resources or "
+                "change ModelConfig.trainer_cpus_per_rank / trainer_gpus_per_rank / world_size"
+            ) from None
         address, port = await self.workers[0].rendezvous.remote()
         await asyncio.gather(*(worker.setup.remote(address, port) for worker in self.workers))
         found = latest_checkpoint(self.config)
@@ -78,35 +99,61 @@ class TrainerGroup:
             )
             self.step = steps[0]
         if self.publish:
-            await self._publish()
+            await self._publish(await self._adapter())
         return self.step
 
     async def train(
         self, groups: list[TrajectoryGroup], config: TrainConfig
     ) -> AsyncIterator[dict[str, float]]:
-        """Yield each gradient step's metrics as it finishes; then checkpoint and publish the new step."""
+        """Yield each gradient step's metrics as it finishes; then publish the new step (checkpointing it
+        in the background)."""
         for group in groups:
             for trajectory in group.trajectories:
                 trajectory.check_trainable()
-        streams = [
-            worker.train.options(num_returns="streaming").remote(groups, config) for worker in self.workers
-        ]
-        followers = asyncio.gather(*(self._drain(stream) for stream in streams[1:]))
-        async for ref in streams[0]:
-            yield await ref
-        await followers
-        self.step = await self.workers[0].get_step.remote()
-        start = time.perf_counter()
-        await self._checkpoint()
-        checkpoint_seconds = time.perf_counter() - start
+        await self.wait_for_checkpoint()  # the last step's write: its error, if any, surfaces here
+        if self.config.colocated:
+            await self._handover("release")
+        try:
+            streams = [
+                worker.train.options(num_returns="streaming").remote(groups, config)
+                for worker in self.workers
+            ]
+            followers = asyncio.gather(*(self._drain(stream) for stream in streams[1:]))
+            async for ref in streams[0]:
+                yield await ref
+            await followers
+            self.step = await self.workers[0].get_step.remote()
+            adapter = await self._adapter()
+            start = time.perf_counter()
+            # Queued behind the adapter read on each rank, so it runs while the replicas load the adapter;
+            # the next train call queues behind it.
+            folder = self.config.checkpoint_dir(self.step)
+            saved = [worker.save_checkpoint.remote(folder) for worker in self.workers]
+            self._checkpoint_written = _mark_complete.remote(folder, self.step, *saved)
+            if self.config.colocated and self.config.device == "gpu":
+                # the trainer's memory must be free before the engines wake
+                await asyncio.gather(*(worker.offload.remote() for worker in self.workers))
+            checkpoint_blocked = time.perf_counter() - start
+        finally:
+            if self.config.colocated:
+                await self._handover("reclaim")
         start = time.perf_counter()
         if self.publish:
-            await self._publish()
+            await self._publish(adapter)
         yield {
             "step": float(self.step),
-            "time/checkpoint_seconds": checkpoint_seconds,
+            "time/checkpoint_seconds": checkpoint_blocked,
             "time/publish_seconds": time.perf_counter() - start,
         }
+
+    async def wait_for_checkpoint(self) -> None:
+        """Until the last train call's checkpoint is complete on storage."""
+        if self._checkpoint_written is not None:
+            await self._checkpoint_written
+            self._checkpoint_written = None
+
+    async def _handover(self, action: str) -> None:
+        await get_registry().handover.remote(self.config.base_model, action)
 
     @staticmethod
     async def _drain(stream) -> None:  # type: ignore[no-untyped-def]
@@ -114,29 +161,22 @@ class TrainerGroup:
             await ref
 
     async def _adapter(self) -> dict:
-        if self.config.zero_stage == 3:  # every rank takes part in the gather
+        if self.config.settings.zero_stage == 3:  # every rank takes part in the gather
             return (await asyncio.gather(*(w.adapter_tensors.remote() for w in self.workers)))[0]
         return await self.workers[0].adapter_tensors.remote()
 
-    async def _checkpoint(self) -> None:
-        folder = self.config.checkpoint_dir(self.step)
-        await asyncio.gather(*(worker.save_checkpoint.remote(folder) for worker in self.workers))
-        adapter = await self._adapter()
-        with tempfile.TemporaryDirectory() as staging:
-            write_peft_adapter(Path(staging) / "adapter", adapter, self.config.lora, self.config.base_model)
-            storage.upload_dir(Path(staging), folder)
-        # written last: a folder without it is an interrupted checkpoint and is never resumed from
-        storage.write_text(f"{folder}/{STATE_FILE}", json.dumps({"step": self.step, "saved_at": time.time()}))
-
-    async def _publish(self) -> int:
+    async def _publish(self, adapter: dict) -> int:
         return await publish_adapter(
-            self.config.model, self.step, self.config.base_model, self.config.lora, await self._adapter()
+            self.config.model, self.step, self.config.base_model, self.config.settings.lora, adapter
         )
 
     async def adapter_tensors(self) -> dict:
         return await self._adapter()
 
-    def shutdown(self) -> None:
+    def shutdown(self, checkpoint_timeout_s: float = 300.0) -> None:
+        if self._checkpoint_written is not None:  # a background write finishes before its writers go
+            ray.get(self._checkpoint_written, timeout=checkpoint_timeout_s)
+            self._checkpoint_written = None
         for worker in self.workers:
             ray.kill(worker)
         remove_placement_group(self._placement_group)

@@ -15,6 +15,7 @@ import ray
 import torch
 
 from art_ray import storage
+from art_ray.colocation import TrainerHandover
 from art_ray.train_config import TrainConfig
 from art_ray.trainer.batches import tokenize_groups
 from art_ray.trainer.config import TrainerConfig
@@ -25,19 +26,13 @@ from art_ray.trajectories import TrajectoryGroup
 CLIENT_STATE_STEP = "art_ray_step"
 
 
-def _device(config: TrainerConfig) -> str:
-    if config.device == "auto":
-        return "gpu" if torch.cuda.is_available() else "cpu"
-    return config.device
-
-
 def deepspeed_config(config: TrainerConfig, on_gpu: bool) -> dict[str, Any]:
     return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
         # Rows per rank vary from step to step: we own the accumulation boundary (engine.step()).
         "managed_gradient_accumulation": False,
-        "zero_optimization": {"stage": config.zero_stage},
+        "zero_optimization": {"stage": config.settings.zero_stage},
         "bf16": {"enabled": on_gpu},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
@@ -64,11 +59,15 @@ class TrainerWorker:
 
     def __init__(self, config: TrainerConfig, rank: int) -> None:
         self.config = config
+        self.settings = config.settings
         self.rank = rank
-        torch.set_num_threads(config.torch_threads)
-        torch.manual_seed(config.seed)
-        self.on_gpu = _device(config) == "gpu"
+        # None: every core this process may run on (colocated: the engine waits while we train)
+        self.threads = config.threads or len(os.sched_getaffinity(0))
+        torch.set_num_threads(self.threads)
+        torch.manual_seed(self.settings.seed)
+        self.on_gpu = config.device == "gpu"
         self.engine: Any = None
+        self.handover: TrainerHandover | None = None
         self.tokenizer: Any = None
         self.step = 0
 
@@ -86,7 +85,7 @@ class TrainerWorker:
                 "MASTER_ADDR": master_addr,
                 "MASTER_PORT": str(master_port),
                 "RANK": str(self.rank),
-                "WORLD_SIZE": str(self.config.world_size),
+                "WORLD_SIZE": str(self.settings.world_size),
                 "LOCAL_RANK": "0" if self.on_gpu else str(self.rank),
             }
         )
@@ -101,25 +100,35 @@ class TrainerWorker:
         model = AutoModelForCausalLM.from_pretrained(
             self.config.base_model, dtype=dtype, attn_implementation="sdpa"
         )
-        model = get_peft_model(model, self.config.lora.peft_config(self.config.base_model))
+        model = get_peft_model(model, self.settings.lora.peft_config(self.config.base_model))
         # Start from exactly the step-0 adapter the replicas serve.
         set_peft_model_state_dict(
-            model, initial_adapter(self.config.base_model, self.config.lora, self.config.seed)
+            model, initial_adapter(self.config.base_model, self.settings.lora, self.settings.seed)
         )
         parameters = [p for p in model.parameters() if p.requires_grad]
         _keep_only_trainable_in_state_dict(model)
         optimizer = torch.optim.AdamW(
-            parameters, lr=1e-5, betas=self.config.adam_betas, weight_decay=self.config.weight_decay
+            parameters, lr=1e-5, betas=self.settings.adam_betas, weight_decay=self.settings.weight_decay
         )
         deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo")
         self.engine, *_ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=deepspeed_config(self.config, self.on_gpu)
         )
+        self.handover = TrainerHandover(self.engine.module, self.engine, self.config.device)
+        if self.config.colocated:
+            self.handover.offload()  # the engines sample first
+
+    def offload(self) -> None:
+        """Colocated: give the device back to the engines until the next train call."""
+        assert self.handover is not None
+        self.handover.offload()
 
     # --- training -------------------------------------------------------------------------------
 
     def train(self, groups: list[TrajectoryGroup], train_config: TrainConfig) -> Iterator[dict[str, float]]:
         """One train call: yields the metrics of each gradient step (identical on every rank)."""
+        assert self.handover is not None
+        self.handover.reload()
         sequences, stats = tokenize_groups(groups, self.tokenizer, scale_rewards=train_config.scale_rewards)
         steps = max(1, min(train_config.num_gradient_steps, len(sequences)))
         if not sequences:
@@ -137,8 +146,8 @@ class TrainerWorker:
             total = sum(s.weight * s.num_trainable for s in step_sequences)
             for sequence in step_sequences:
                 sequence.weight /= total  # every gradient step's weights sum to 1
-            rows = pack_sequences(step_sequences, self.config.sequence_length)
-            metrics = self._gradient_step(rows[self.rank :: self.config.world_size], train_config)
+            rows = pack_sequences(step_sequences, self.settings.sequence_length)
+            metrics = self._gradient_step(rows[self.rank :: self.settings.world_size], train_config)
             metrics.update(stats.metrics())
             metrics["train/gradient_step"] = float(step_index)
             yield metrics
@@ -166,7 +175,7 @@ class TrainerWorker:
         self.engine.clip_fp32_gradients = clip_and_record
         self.engine.train()
         totals = torch.zeros(7, dtype=torch.float64)  # loss, policy, kl, clip*w, entropy*w, tokens, weight
-        micro = self.config.micro_batch_rows
+        micro = self.settings.micro_batch_rows
         batches = [rows[i : i + micro] for i in range(0, len(rows), micro)] or [[]]
         for batch in batches:
             totals += self._forward_backward(batch, train_config)
@@ -192,7 +201,7 @@ class TrainerWorker:
 
     def _forward_backward(self, batch: list[PackedRow], train_config: TrainConfig) -> torch.Tensor:
         if not batch:  # this rank has no rows: a zero-weight row keeps the collective ops in step
-            length = self.config.sequence_length
+            length = self.settings.sequence_length
             batch = [PackedRow.padding(length)]
         device = self.engine.device
 
@@ -215,7 +224,7 @@ class TrainerWorker:
         logprobs = token_logprobs(logits, targets)
         result = policy_loss(logprobs, old_logprobs, advantages, weights, train_config, reference)
         # DeepSpeed averages gradients over ranks; weights already sum to 1 over the global batch.
-        self.engine.backward(result.loss * self.config.world_size, scale_wrt_gas=False)
+        self.engine.backward(result.loss * self.settings.world_size, scale_wrt_gas=False)
         with torch.no_grad():
             entropy = (token_entropy(logits) * weights).sum()
         return torch.tensor(
@@ -238,7 +247,7 @@ class TrainerWorker:
         from peft import get_peft_model_state_dict
 
         module = self.engine.module
-        if self.config.zero_stage == 3:
+        if self.settings.zero_stage == 3:
             import deepspeed
 
             params = [p for p in module.parameters() if p.requires_grad]
@@ -249,13 +258,21 @@ class TrainerWorker:
         return {name: tensor.detach().float().cpu().clone() for name, tensor in state.items()}
 
     def save_checkpoint(self, folder: str) -> None:
-        """Every rank saves its DeepSpeed state (adapter, optimizer); remote roots get it uploaded."""
+        """Every rank saves its DeepSpeed state (adapter, optimizer), and rank 0 the PEFT adapter folder
+        a replica can serve; remote roots get it uploaded. The group marks the checkpoint complete."""
+        from art_ray.adapters.lora_files import write_peft_adapter
+
         client_state = {CLIENT_STATE_STEP: self.step, "torch_rng": torch.get_rng_state()}
+        adapter = self.adapter_tensors()  # under ZeRO-3 a gather every rank takes part in
 
         def save(target: str) -> None:
             self.engine.save_checkpoint(
                 target, tag="deepspeed", client_state=client_state, exclude_frozen_parameters=True
             )
+            if self.rank == 0:
+                write_peft_adapter(
+                    Path(target) / "adapter", adapter, self.settings.lora, self.config.base_model
+                )
 
         if "://" not in folder:
             save(folder)

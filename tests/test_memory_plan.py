@@ -1,0 +1,140 @@
+"""The GPU memory plan against published model sizes and the cases register must refuse."""
+
+import json
+from typing import Any
+
+import pytest
+
+from art_ray.memory_plan import GiB, MemoryPlanError, ModelShape, check_fits, plan_gpu_memory
+
+
+def hf_config(hidden: int, intermediate: int, layers: int, heads: int, kv: int, vocab: int, tied: bool, **extra):
+    return {
+        "hidden_size": hidden, "intermediate_size": intermediate, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv, "vocab_size": vocab,
+        "tie_word_embeddings": tied, **extra,
+    }  # fmt: skip
+
+
+QWEN_7B = hf_config(3584, 18944, 28, 28, 4, 152064, False, model_type="qwen2")
+QWEN_05B = hf_config(896, 4864, 24, 14, 2, 151936, True, model_type="qwen2")
+LLAMA_8B = hf_config(4096, 14336, 32, 32, 8, 128256, False, model_type="llama", attention_bias=False)
+SMOLLM_135M = hf_config(576, 1536, 30, 9, 3, 49152, True, model_type="llama")
+LLAMA_70B = hf_config(8192, 28672, 80, 64, 8, 128256, False, model_type="llama")
+QKVO = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+@pytest.mark.parametrize(
+    ("config", "published"),
+    [(QWEN_7B, 7.62e9), (QWEN_05B, 0.494e9), (LLAMA_8B, 8.03e9), (SMOLLM_135M, 134.5e6), (LLAMA_70B, 70.6e9)],
+)
+def test_parameter_count_matches_published_size(config: dict[str, Any], published: float) -> None:
+    assert ModelShape.from_hf_config(config).num_parameters == pytest.approx(published, rel=0.01)
+
+
+def test_shape_defaults_and_model_dir(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({**SMOLLM_135M, "num_key_value_heads": None}))
+    shape = ModelShape.from_model_dir(tmp_path)
+    assert (shape.head_dim, shape.num_key_value_heads) == (64, 9)  # hidden / heads; plain multi-head
+    assert ModelShape.from_hf_config({**QWEN_7B, "head_dim": 256}).head_dim == 256
+
+
+def test_kv_cache_bytes_per_token() -> None:
+    shape = ModelShape.from_hf_config(QWEN_7B)
+    assert shape.kv_cache_bytes_per_token(2) == 2 * 28 * 4 * 128 * 2 == 57344
+    assert shape.kv_cache_bytes_per_token(2, tensor_parallel_size=2) == 57344 // 2
+    assert shape.kv_cache_bytes_per_token(2, tensor_parallel_size=8) == 2 * 28 * 1 * 128 * 2  # replicated
+
+
+def test_lora_parameters() -> None:
+    shape = ModelShape.from_hf_config(SMOLLM_135M)  # head_dim 64: q/o 576 wide, k/v 3 * 64 = 192
+    per_layer = 16 * (576 + 576) * 2 + 16 * (576 + 192) * 2
+    assert shape.lora_parameters(16, QKVO) == 30 * per_layer == 1_843_200
+    mlp = 16 * (576 + 1536) * 3
+    assert shape.lora_parameters(16, ["all-linear"]) == 30 * (per_layer + mlp)
+    assert shape.lora_parameters(16, ["lm_head"]) == 16 * (576 + 49152)
+    with pytest.raises(ValueError, match="embed_tokens"):
+        shape.lora_parameters(16, ["embed_tokens"])
+
+
+def plan(config: dict[str, Any] = QWEN_7B, **overrides: Any):
+    settings: dict[str, Any] = {
+        "layout": "colocated", "gpu_memory_bytes": 80 * GiB, "gpu_memory_utilization": 0.6,
+        "max_model_len": 8192, "max_num_seqs": 64, "lora_r": 16, "lora_target_modules": QKVO,
+        "sequence_length": 8192, "micro_batch_rows": 1,
+    }  # fmt: skip
+    return plan_gpu_memory(ModelShape.from_hf_config(config), **{**settings, **overrides})
+
+
+def refused(**overrides: Any) -> MemoryPlanError:
+    with pytest.raises(MemoryPlanError) as raised:
+        check_fits(plan(**overrides))
+    fixes = [problem.fixes[0] for problem in raised.value.problems]
+    check_fits(plan(**{**overrides, **{k: v for fix in fixes for k, v in fix.items()}}))  # the fixes fit
+    return raised.value
+
+
+def test_qwen_7b_fits_an_h100_colocated() -> None:
+    fitting = plan()
+    check_fits(fitting)
+    assert fitting.kv_cache_tokens >= 8192 and fitting.training_peak < 80 * GiB
+    assert fitting.engine_weights == fitting.trainer_weights == pytest.approx(7.62e9 * 2, rel=0.01)
+    table = fitting.table()
+    for line in ["GPU (colocated", "engine budget", "engine weights", "LoRA slots", "activation reserve",
+                 "KV cache", "CUDA context", "offloaded residual", "sampling peak", "sleeping residual",
+                 "base weights", "Adam", "activations", "attention mask", "logits", "training peak"]:  # fmt: skip
+        assert line in table
+    assert len(table.splitlines()) == 18 and "GiB" in table
+
+
+def test_engine_budget_and_trainer_residual_over_the_gpu_names_utilization() -> None:
+    error = refused(gpu_memory_bytes=24 * GiB, gpu_memory_utilization=0.97, max_model_len=2048, sequence_length=2048)
+    assert [p.phase for p in error.problems] == ["sampling"]
+    assert error.problems[0].fixes == [{"gpu_memory_utilization": 0.95}]  # (24 - 0.5 - 0.5) / 24
+    assert "gpu_memory_utilization=0.95" in str(error)
+
+
+def test_kv_cache_shorter_than_max_model_len_names_utilization() -> None:
+    error = refused(gpu_memory_utilization=0.2, max_model_len=32768, sequence_length=32768)
+    assert error.problems[0].phase == "sampling" and "fewer than max_model_len=32768" in str(error)
+    low = error.problems[0].fixes[0]["gpu_memory_utilization"]
+    with pytest.raises(MemoryPlanError):  # the suggestion is the smallest that fits
+        check_fits(plan(gpu_memory_utilization=low - 0.01, max_model_len=32768, sequence_length=4096))
+
+
+def test_qwen_7b_on_24_gib_at_default_utilization_fails_in_training_not_sampling() -> None:
+    # 0.9 * 24 + 0.5 + 0.5 = 22.6 GiB: sampling fits; 8192 tokens of fp32 logits do not beside 14 GiB
+    error = refused(gpu_memory_bytes=24 * GiB, gpu_memory_utilization=0.9)
+    assert [p.phase for p in error.problems] == ["training"] and "gpu_memory_utilization" not in str(error)
+    assert "sequence_length=" in str(error)
+
+
+def test_long_rows_blow_up_the_logits_and_name_the_row_size() -> None:
+    error = refused(sequence_length=65536, micro_batch_rows=4, max_model_len=65536, gpu_memory_utilization=0.9)
+    assert [p.phase for p in error.problems] == ["training"]
+    assert "sequence_length=" in str(error)
+    too_long = plan(sequence_length=65536, micro_batch_rows=4)
+    assert too_long.trainer_logits > 500 * GiB and too_long.trainer_logits > too_long.trainer_activations
+
+
+def test_rows_are_named_when_fewer_rows_fit() -> None:
+    error = refused(micro_batch_rows=8)
+    assert {"micro_batch_rows": 2} in error.problems[0].fixes or "micro_batch_rows=" in str(error)
+
+
+def test_a_70b_model_names_tensor_parallelism_and_zero3() -> None:
+    error = refused(config=LLAMA_70B, gpu_memory_utilization=0.9)
+    assert "tensor_parallel_size=" in str(error) and "zero_stage=3" in str(error)
+
+
+def test_split_checks_each_side_against_its_own_gpu() -> None:
+    colocated = plan(gpu_memory_bytes=40 * GiB, gpu_memory_utilization=0.9, sequence_length=4096)
+    split = plan(gpu_memory_bytes=40 * GiB, gpu_memory_utilization=0.9, sequence_length=4096, layout="split")
+    assert split.training_peak == colocated.training_peak - colocated.engine_sleeping_residual
+    check_fits(split)
+    with pytest.raises(MemoryPlanError, match="gpu_memory_utilization"):
+        check_fits(colocated)
+
+
+def test_gradient_checkpointing_keeps_one_layer() -> None:
+    assert plan(gradient_checkpointing=False).trainer_activations > 10 * plan().trainer_activations
