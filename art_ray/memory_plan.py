@@ -49,6 +49,10 @@ def _floor2(x: float) -> float:
     return math.floor(round(x * 100, 6)) / 100
 
 
+def _gib(n: int) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
 class ModelShape(pydantic.BaseModel):
     """The sizes of a llama/qwen2/mistral-style decoder that memory depends on."""
 
@@ -150,14 +154,14 @@ class MemoryPlan(pydantic.BaseModel):
         return self.trainer_peak + (self.engine_sleeping_residual if self.layout == "colocated" else 0)
 
     def table(self) -> str:
-        s, c = self.settings, self.layout == "colocated"
+        s, c, kv = self.settings, self.layout == "colocated", self.kv_cache
         rows = [
             (f"GPU ({self.layout}, per GPU)", self.gpu_total),
             (f"engine budget (gpu_memory_utilization={s['gpu_memory_utilization']})", self.engine_budget),
             (f"  engine weights (tensor_parallel_size={s['tensor_parallel_size']})", self.engine_weights),
             (f"  engine LoRA slots (max_loras={s['max_loras']})", self.engine_lora_slots),
             ("  engine activation reserve", self.engine_activation_reserve),
-            (f"  KV cache ({self.kv_cache_tokens} tokens, max_model_len={s['max_model_len']})", self.kv_cache),
+            (f"  KV cache ({self.kv_cache_tokens} tokens; max_model_len={s['max_model_len']})", kv),
             ("engine CUDA context", self.engine_context),
             ("trainer offloaded residual", self.trainer_context if c else 0),
             ("= sampling peak", self.sampling_peak),
@@ -167,10 +171,10 @@ class MemoryPlan(pydantic.BaseModel):
             ("trainer LoRA params + grads + Adam", self.trainer_lora_state),
             (f"trainer activations (checkpointing={s['gradient_checkpointing']})", self.trainer_activations),
             ("trainer attention mask", self.trainer_attention_mask),
-            (f"trainer logits ({s['micro_batch_rows']} x {s['sequence_length']} tokens)", self.trainer_logits),
+            (f"trainer logits ({s['micro_batch_rows']} x {s['sequence_length']})", self.trainer_logits),
             ("= training peak", self.training_peak),
         ]
-        return "\n".join(f"{label:<64}{n / GiB:>8.2f} GiB" for label, n in rows)
+        return "\n".join(f"{label:<64}{_gib(n):>12}" for label, n in rows)
 
 
 class Problem(pydantic.BaseModel):
@@ -201,15 +205,16 @@ def plan_gpu_memory(
     trainer_offloaded_residual_bytes: int = CUDA_CONTEXT_BYTES, gradient_checkpointing: bool = True,
 ) -> MemoryPlan:  # fmt: skip
     settings = {name: value for name, value in locals().items() if name != "shape"}
-    tp, d, h, i, layers = tensor_parallel_size, dtype_bytes, shape.hidden_size, shape.intermediate_size, shape.num_layers
+    tp, d, layers = tensor_parallel_size, dtype_bytes, shape.num_layers
+    h, i = shape.hidden_size, shape.intermediate_size
     lora = shape.lora_parameters(lora_r, lora_target_modules)
     budget = int(gpu_memory_utilization * gpu_memory_bytes)
     engine_weights = shape.num_parameters * d // tp  # vLLM shards embeddings, lm_head and layers over tp
     engine_lora = max_loras * lora * d // tp  # vLLM allocates max_loras adapter slots at start
     # vLLM's profiled peak: one layer's replicated residual stream and sharded qkv/MLP outputs for
     # max_num_batched_tokens, the sampler over max_num_seqs rows, and what it measures outside torch
-    reserve = max_num_batched_tokens * (4 * h + 3 * i // tp) * d + max_num_seqs * shape.vocab_size * SAMPLER_BYTES
-    reserve += ENGINE_NON_TORCH_BYTES
+    reserve = max_num_batched_tokens * (4 * h + 3 * i // tp) * d + ENGINE_NON_TORCH_BYTES
+    reserve += max_num_seqs * shape.vocab_size * SAMPLER_BYTES
     kv_cache = budget - engine_weights - engine_lora - reserve  # the KV cache gets what remains
     # ZeRO 0-2 keep the whole frozen base on each rank; ZeRO-3 shards it and gathers a layer at a time.
     shards = world_size if zero_stage == 3 else 1
@@ -224,7 +229,8 @@ def plan_gpu_memory(
         engine_weights=engine_weights, engine_lora_slots=engine_lora, engine_activation_reserve=reserve,
         kv_cache=kv_cache, kv_cache_tokens=max(0, kv_cache) // shape.kv_cache_bytes_per_token(d, tp),
         engine_context=CUDA_CONTEXT_BYTES, engine_sleeping_residual=engine_sleeping_residual_bytes,
-        trainer_context=trainer_offloaded_residual_bytes, trainer_weights=shape.num_parameters * d // shards + gathered,
+        trainer_context=trainer_offloaded_residual_bytes,
+        trainer_weights=shape.num_parameters * d // shards + gathered,
         trainer_lora_state=lora * LORA_STATE_BYTES // (world_size if zero_stage else 1),  # ZeRO 1+ shard it
         trainer_activations=activations,
         # the packed rows' boolean [rows, 1, L, L] mask lives through the step; SDPA's memory-efficient
@@ -267,22 +273,23 @@ def _trains(plan: MemoryPlan) -> bool:
 
 
 def _problems(plan: MemoryPlan) -> list[Problem]:
-    s, problems, gib = plan.settings, [], lambda n: f"{n / GiB:.2f} GiB"
+    s, problems, heads = plan.settings, [], plan.shape.num_attention_heads
     if util_fix := _utilization_fix(plan):
         why = f"the KV cache holds {plan.kv_cache_tokens} tokens, under max_model_len={s['max_model_len']}"
         if util_fix["gpu_memory_utilization"] < s["gpu_memory_utilization"]:
-            why = f"the engine's {gib(plan.engine_budget)} and the CUDA contexts exceed {gib(plan.gpu_total)}"
+            why = f"the engine's {_gib(plan.engine_budget)} and CUDA contexts exceed {_gib(plan.gpu_total)}"
         problems.append(Problem(phase="sampling", why=why, fixes=[util_fix]))
     elif util_fix is None:
         fixes = []
         if length := _largest(plan, "max_model_len", 256, lambda p: _utilization_fix(p) is not None):
-            fixes.append({"max_model_len": length} | (_utilization_fix(_replan(plan, max_model_len=length)) or {}))
-        for tp in (t for t in (2, 4, 8) if t > s["tensor_parallel_size"]):
-            if plan.shape.num_attention_heads % tp == 0:  # vLLM splits the heads evenly
-                if (fix := _utilization_fix(_replan(plan, tensor_parallel_size=tp))) is not None:
-                    fixes.append({"tensor_parallel_size": tp} | fix)
-                    break
-        why = f"no gpu_memory_utilization leaves room for max_model_len beside {gib(plan.engine_weights)} of weights"
+            fix = _utilization_fix(_replan(plan, max_model_len=length)) or {}
+            fixes.append({"max_model_len": length} | fix)
+        # vLLM splits the attention heads evenly over the ranks
+        for tp in (t for t in (2, 4, 8) if t > s["tensor_parallel_size"] and heads % t == 0):
+            if (fix := _utilization_fix(_replan(plan, tensor_parallel_size=tp))) is not None:
+                fixes.append({"tensor_parallel_size": tp} | fix)
+                break
+        why = f"no gpu_memory_utilization fits max_model_len beside {_gib(plan.engine_weights)} of weights"
         problems.append(Problem(phase="sampling", why=why, fixes=fixes))
     if not _trains(plan):
         fixes = []
@@ -290,14 +297,15 @@ def _problems(plan: MemoryPlan) -> list[Problem]:
             fixes.append({"micro_batch_rows": rows})
         if length := _largest(plan, "sequence_length", 128, _trains):
             # a row holds a whole trajectory, so rollouts must get no longer than a row
-            fixes.append({"sequence_length": length} | ({"max_model_len": length} if length < s["max_model_len"] else {}))
+            shorter = {"max_model_len": length} if length < s["max_model_len"] else {}
+            fixes.append({"sequence_length": length} | shorter)
         if not fixes and plan.layout == "colocated" and _trains(_replan(plan, layout="split")):
             fixes.append({"layout": "split"})
         for world in (2, 4, 8) if not fixes else ():
             if _trains(_replan(plan, zero_stage=3, world_size=world)):  # shards the base weights
                 fixes.append({"zero_stage": 3, "world_size": world})
                 break
-        why = f"the trainer's peak {gib(plan.trainer_peak)} and the engine's residual exceed {gib(plan.gpu_total)}"
+        why = f"the trainer's {_gib(plan.trainer_peak)} and engine residual exceed {_gib(plan.gpu_total)}"
         problems.append(Problem(phase="training", why=why, fixes=fixes))
     return problems
 

@@ -8,11 +8,11 @@ import pytest
 from art_ray.memory_plan import GiB, MemoryPlanError, ModelShape, check_fits, plan_gpu_memory
 
 
-def hf_config(hidden: int, intermediate: int, layers: int, heads: int, kv: int, vocab: int, tied: bool, **extra):
+def hf_config(hidden: int, intermediate: int, layers: int, heads: int, kv: int, vocab: int, tied: bool, **x):
     return {
         "hidden_size": hidden, "intermediate_size": intermediate, "num_hidden_layers": layers,
         "num_attention_heads": heads, "num_key_value_heads": kv, "vocab_size": vocab,
-        "tie_word_embeddings": tied, **extra,
+        "tie_word_embeddings": tied, **x,
     }  # fmt: skip
 
 
@@ -74,62 +74,73 @@ def refused(**overrides: Any) -> MemoryPlanError:
     return raised.value
 
 
+def message(error: MemoryPlanError) -> str:  # the problem lines, without the table
+    return str(error).split("\nGPU (")[0]
+
+
 def test_qwen_7b_fits_an_h100_colocated() -> None:
     fitting = plan()
     check_fits(fitting)
     assert fitting.kv_cache_tokens >= 8192 and fitting.training_peak < 80 * GiB
     assert fitting.engine_weights == fitting.trainer_weights == pytest.approx(7.62e9 * 2, rel=0.01)
     table = fitting.table()
-    for line in ["GPU (colocated", "engine budget", "engine weights", "LoRA slots", "activation reserve",
-                 "KV cache", "CUDA context", "offloaded residual", "sampling peak", "sleeping residual",
-                 "base weights", "Adam", "activations", "attention mask", "logits", "training peak"]:  # fmt: skip
-        assert line in table
-    assert len(table.splitlines()) == 18 and "GiB" in table
+    lines = ["GPU (colocated", "engine budget", "engine weights", "LoRA slots", "activation reserve",
+             "KV cache", "engine CUDA context", "offloaded residual", "sampling peak", "sleeping residual",
+             "trainer CUDA context", "base weights", "Adam", "activations", "attention mask", "logits",
+             "training peak"]  # fmt: skip
+    assert len(table.splitlines()) == len(lines)
+    for label, row in zip(lines, table.splitlines(), strict=True):
+        assert label in row and row.endswith(" GiB")
 
 
 def test_engine_budget_and_trainer_residual_over_the_gpu_names_utilization() -> None:
-    error = refused(gpu_memory_bytes=24 * GiB, gpu_memory_utilization=0.97, max_model_len=2048, sequence_length=2048)
+    small = {"max_model_len": 2048, "sequence_length": 2048}
+    error = refused(gpu_memory_bytes=24 * GiB, gpu_memory_utilization=0.97, **small)
     assert [p.phase for p in error.problems] == ["sampling"]
     assert error.problems[0].fixes == [{"gpu_memory_utilization": 0.95}]  # (24 - 0.5 - 0.5) / 24
     assert "gpu_memory_utilization=0.95" in str(error)
 
 
 def test_kv_cache_shorter_than_max_model_len_names_utilization() -> None:
-    error = refused(gpu_memory_utilization=0.2, max_model_len=32768, sequence_length=32768)
-    assert error.problems[0].phase == "sampling" and "fewer than max_model_len=32768" in str(error)
-    low = error.problems[0].fixes[0]["gpu_memory_utilization"]
+    # 0.25 * 80 GiB leaves ~3.5 GiB of KV cache beside the weights: ~65k tokens of 56 KiB
+    error = refused(gpu_memory_utilization=0.25, max_model_len=131072)
+    assert [p.phase for p in error.problems] == ["sampling"]
+    assert "under max_model_len=131072; set gpu_memory_utilization=0.3" in message(error)
     with pytest.raises(MemoryPlanError):  # the suggestion is the smallest that fits
-        check_fits(plan(gpu_memory_utilization=low - 0.01, max_model_len=32768, sequence_length=4096))
+        check_fits(plan(gpu_memory_utilization=0.29, max_model_len=131072))
 
 
 def test_qwen_7b_on_24_gib_at_default_utilization_fails_in_training_not_sampling() -> None:
     # 0.9 * 24 + 0.5 + 0.5 = 22.6 GiB: sampling fits; 8192 tokens of fp32 logits do not beside 14 GiB
     error = refused(gpu_memory_bytes=24 * GiB, gpu_memory_utilization=0.9)
-    assert [p.phase for p in error.problems] == ["training"] and "gpu_memory_utilization" not in str(error)
-    assert "sequence_length=" in str(error)
+    assert [p.phase for p in error.problems] == ["training"]
+    assert "sequence_length=" in message(error) and "gpu_memory_utilization" not in message(error)
 
 
 def test_long_rows_blow_up_the_logits_and_name_the_row_size() -> None:
-    error = refused(sequence_length=65536, micro_batch_rows=4, max_model_len=65536, gpu_memory_utilization=0.9)
+    error = refused(sequence_length=65536, micro_batch_rows=4, max_model_len=32768)
     assert [p.phase for p in error.problems] == ["training"]
-    assert "sequence_length=" in str(error)
+    assert "sequence_length=" in message(error) and "max_model_len=" in message(error)  # rows hold rollouts
     too_long = plan(sequence_length=65536, micro_batch_rows=4)
     assert too_long.trainer_logits > 500 * GiB and too_long.trainer_logits > too_long.trainer_activations
 
 
 def test_rows_are_named_when_fewer_rows_fit() -> None:
     error = refused(micro_batch_rows=8)
-    assert {"micro_batch_rows": 2} in error.problems[0].fixes or "micro_batch_rows=" in str(error)
+    assert error.problems[0].fixes[0] == {"micro_batch_rows": 3}
+    assert "micro_batch_rows=3; or set sequence_length=" in message(error)
 
 
 def test_a_70b_model_names_tensor_parallelism_and_zero3() -> None:
     error = refused(config=LLAMA_70B, gpu_memory_utilization=0.9)
-    assert "tensor_parallel_size=" in str(error) and "zero_stage=3" in str(error)
+    assert [p.phase for p in error.problems] == ["sampling", "training"]
+    assert "tensor_parallel_size=2" in message(error) and "zero_stage=3, world_size=4" in message(error)
+    assert "max_model_len=" not in message(error)  # no shorter context makes 131 GiB of weights fit
 
 
 def test_split_checks_each_side_against_its_own_gpu() -> None:
-    colocated = plan(gpu_memory_bytes=40 * GiB, gpu_memory_utilization=0.9, sequence_length=4096)
-    split = plan(gpu_memory_bytes=40 * GiB, gpu_memory_utilization=0.9, sequence_length=4096, layout="split")
+    gpu = {"gpu_memory_bytes": 40 * GiB, "gpu_memory_utilization": 0.98, "sequence_length": 4096}
+    colocated, split = plan(**gpu), plan(**gpu, layout="split")  # split: 0.98 * 40 + 0.5 <= 40
     assert split.training_peak == colocated.training_peak - colocated.engine_sleeping_residual
     check_fits(split)
     with pytest.raises(MemoryPlanError, match="gpu_memory_utilization"):

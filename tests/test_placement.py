@@ -63,7 +63,8 @@ def test_autoscaler_node_types_count_for_the_device_and_the_wait() -> None:
     async def wait(timeout_s: float) -> float:
         start = time.monotonic()
         with pytest.raises(PlacementError, match="placement_timeout_s") as error:
-            await wait_placeable([plan.replica.demand()], "the app", "replica_gpus", timeout_s, lambda: shapes)
+            demands = [plan.replica.demand()]
+            await wait_placeable(demands, "the app", "replica_gpus", timeout_s, lambda: shapes)
         assert "GPU" in str(error.value)
         return time.monotonic() - start
 
