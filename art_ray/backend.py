@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import ray
 
 from art_ray.models import default_tool_call_parser, resolve_base_model
-from art_ray.placement import ModelPlan, cluster_shapes, plan_model, wait_placeable
+from art_ray.placement import ModelPlan, PlacementError, cluster_shapes, plan_model, wait_placeable
 from art_ray.serving.config import ServingConfig
 from art_ray.serving.engine_config import EngineConfig
 from art_ray.tracking import Tracker, group_metrics, save_trajectories, train_step_metrics
@@ -157,6 +157,23 @@ class RayBackend:
         # An embedded cluster has no autoscaler: what does not fit now never will, so this raises at once.
         await wait_placeable(demands, what, settings, model.config.placement_timeout_s)
 
+    async def _gpu_memory_plan(self, model: TrainableModel, base_model: str, plan: ModelPlan) -> str:
+        """The memory plan against the GPU of a node the trainer would run on (its size is only known
+        there); raises MemoryPlanError naming the setting to change before anything is started."""
+        from art_ray.memory_plan import check_on_this_gpu
+
+        pinned = {key: 0.001 for key in plan.trainer_rank.resources}
+        task = ray.remote(check_on_this_gpu).options(num_cpus=0, num_gpus=0.01, resources=pinned)
+        ref = task.remote(model.config, base_model, plan.layout)
+        try:
+            return await asyncio.wait_for(ref, model.config.placement_timeout_s)
+        except TimeoutError:
+            ray.cancel(ref)
+            raise PlacementError(
+                f"no GPU node took the memory check of {model.name!r} within "
+                f"{model.config.placement_timeout_s:.0f} s (ModelConfig.placement_timeout_s)"
+            ) from None
+
     async def register(self, model: TrainableModel) -> None:
         """Serve the model's base model (once) and start its trainer group; returns when `name` serves
         the latest step (resumed from the latest checkpoint if there is one). Raises PlacementError
@@ -167,6 +184,8 @@ class RayBackend:
         self._connect()
         base_model = resolve_base_model(model.base_model)
         plan = plan_model(model.config, cluster_shapes())
+        if "gpu" in (plan.engine_device, plan.trainer_device):
+            print(await self._gpu_memory_plan(model, base_model, plan), flush=True)
         if self._base_model is None:
             config = self._serving_config(model, base_model, plan)
             await self._place(

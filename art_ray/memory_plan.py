@@ -11,9 +11,12 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic
+
+if TYPE_CHECKING:
+    from art_ray.model_config import ModelConfig
 
 GiB = 1024**3
 # What a process with PyTorch's kernels loaded keeps on the GPU after freeing everything: the trainer's
@@ -32,6 +35,8 @@ SAMPLER_BYTES = 4 * 4
 # Per LoRA parameter under DeepSpeed bf16: bf16 weight and grad (2+2), fp32 master weight and gradient
 # accumulator (4+4), Adam's two fp32 moments (8).
 LORA_STATE_BYTES = 20
+# the engine batch art-ray configures (EngineConfig.max_num_seqs)
+ENGINE_MAX_NUM_SEQS = 64
 # Saved by one decoder layer for backward, per token, in dtype-sized words: 16 of hidden width (the two
 # RMSNorm inputs upcast to fp32, their outputs, q/k/v, attention and o_proj outputs, residual sums, LoRA
 # inputs), 4 of intermediate width (gate, up, silu(gate), their product).
@@ -313,3 +318,39 @@ def _problems(plan: MemoryPlan) -> list[Problem]:
 def check_fits(plan: MemoryPlan) -> None:
     if problems := _problems(plan):
         raise MemoryPlanError(plan, problems)
+
+
+def plan_for_model(
+    config: ModelConfig, shape: ModelShape, layout: Literal["colocated", "split"], gpu_memory_bytes: int
+) -> MemoryPlan:
+    """The plan of a model's settings as art-ray runs them (the engine's batch, LoRA slots, and a trainer
+    without gradient checkpointing)."""
+    return plan_gpu_memory(
+        shape,
+        layout=layout,
+        gpu_memory_bytes=gpu_memory_bytes,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        max_model_len=config.max_model_len,
+        max_num_seqs=ENGINE_MAX_NUM_SEQS,
+        lora_r=config.lora.r,
+        lora_target_modules=list(config.lora.target_modules),
+        sequence_length=config.sequence_length,
+        micro_batch_rows=config.micro_batch_rows,
+        tensor_parallel_size=config.tensor_parallel_size,
+        zero_stage=config.zero_stage,
+        world_size=config.world_size,
+        max_loras=max(4, config.keep_versions),
+        gradient_checkpointing=False,
+    )
+
+
+def check_on_this_gpu(config: ModelConfig, base_model: str, layout: Literal["colocated", "split"]) -> str:
+    """Runs on a GPU node (a Ray task): the plan against this GPU's memory; returns its table or raises
+    MemoryPlanError naming what to change."""
+    import torch
+    from transformers import AutoConfig
+
+    shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(base_model).to_dict())
+    plan = plan_for_model(config, shape, layout, torch.cuda.get_device_properties(0).total_memory)
+    check_fits(plan)
+    return plan.table()

@@ -23,6 +23,9 @@ logger = logging.getLogger(__name__)
 
 Device = Literal["cpu", "gpu"]
 Layout = Literal["colocated", "split"]
+# How long a cluster without an autoscaler gets to release resources (removed placement groups) before a
+# layout that does not fit is refused.
+RELEASE_GRACE_S = 5.0
 # A colocated GPU holds one engine replica and one trainer rank; each reserves half of it.
 COLOCATED_GPU_SHARE = 0.5
 
@@ -250,7 +253,8 @@ async def wait_placeable(
             return
         can_grow = any(not shape.live for shape in shapes)
         waited = time.monotonic() - start
-        if not can_grow or waited >= timeout_s:
+        # Without an autoscaler only resources being released (a trainer just stopped) can still come.
+        if waited >= (timeout_s if can_grow else min(timeout_s, RELEASE_GRACE_S)):
             reason = (
                 f"waited {waited:.0f} s for the autoscaler (ModelConfig.placement_timeout_s)"
                 if can_grow

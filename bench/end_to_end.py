@@ -1,16 +1,18 @@
 """Where a GRPO step's time goes in art-ray, and time to the one-word task's reward threshold side by side
-with TRL's GRPOTrainer on the same model, task and hyperparameters.
+with TRL's GRPOTrainer on the same model, task, hyperparameters and seeds.
 
 Both: SmolLM2-135M-Instruct, LoRA r=16 alpha=32 on q/k/v/o, lr 5e-4, 4 questions x 8 samples per step,
 16 new tokens, temperature 1, the one-word task's reward (examples/one_word/tasks.py), the same question
-order. Time to threshold = seconds of training (model/engine start excluded, reported apart) until a
-step's samples reach the mean reward `--threshold`. art-ray runs as the demo does (vLLM engine and
-DeepSpeed trainer with one thread each); TRL runs in its own process with both cores.
+order per seed. Time to threshold = seconds of training (model/engine start excluded, reported apart) until
+a step's samples reach the mean reward `--threshold`. TRL runs in its own process with every core.
 
+art-ray modes (`--modes`), each on a backend of its own:
+- "colocated" (the default layout on one box): engine and trainer take turns, each phase on every core;
+- "split": engine and trainer keep one core each (the layout before colocation), sampling then training;
+- "overlap": split, and step N+1 samples while step N trains (one step off-policy).
 Engine busy fraction: the share of the loop wall time spent in rollout phases, where the engine decodes.
-Two loops (`--modes`): "sync" samples, trains, publishes, samples again; "overlap" samples step N+1
-while step N trains (one step off-policy, corrected by the importance ratio on the sampling logprobs).
-Last line: {"bench": "end_to_end", "ratio": art-ray time / TRL time, "busy_fraction": ..., ...}.
+Per seed a row; the headline is the median over seeds of art-ray's time / TRL's time.
+Last line: {"bench": "end_to_end", "ratio", "ratio_colocated", "seeds", "busy_fraction", ...}.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(ROOT / "examples" / "one_word"))
 
-from common import free_port, print_result, print_table  # noqa: E402
+from common import free_port, median, print_result, print_table  # noqa: E402
 from tasks import TRAIN_QUESTIONS  # noqa: E402
 
 LEARNING_RATE = 5e-4
@@ -82,14 +84,14 @@ async def dump_stacks_when_stalled(progress: list[float], stall_seconds: float) 
             progress[0] = time.perf_counter()
 
 
-async def run_loop(model, args: argparse.Namespace, overlap: bool) -> dict:
+async def run_loop(model, args: argparse.Namespace, seed: int, overlap: bool) -> dict:
     """Sampling and training steps until a step's samples reach the threshold.
 
     overlap=False: sample, train, sample, ... (each step samples from the newest policy).
     overlap=True: step N+1 samples while step N trains, from the policy of step N-1 (one step off-policy;
     the trainer's importance ratio uses the sampling logprobs). The engine and the trainer each keep a core.
     """
-    batches = question_batches(args.seed, args.max_steps)
+    batches = question_batches(seed, args.max_steps)
     steps: list[dict] = []
     reached = None
     loop_start = time.perf_counter()
@@ -118,8 +120,9 @@ async def run_loop(model, args: argparse.Namespace, overlap: bool) -> dict:
             pending_train = None
             pending_rollout = asyncio.ensure_future(gather_step(model, batches[index + 1]))
         print(
-            f"art-ray {'overlap' if overlap else 'sync'} step {len(steps)}: reward {reward:.3f}  "
-            f"rollout {rollout_s:.1f} s  (step started {step_start - loop_start:.1f} s into the loop)",
+            f"art-ray seed {seed} {'overlap' if overlap else 'sync'} step {len(steps)}: reward {reward:.3f}  "
+            f"rollout {rollout_s:.1f} s, train {steps[-1].get('train_s', 0):.1f} s, other "
+            f"{steps[-1].get('other_s', 0):.1f} s  (step started {step_start - loop_start:.1f} s into the loop)",
             flush=True,
         )
     loop_s = time.perf_counter() - loop_start
@@ -135,31 +138,44 @@ async def run_loop(model, args: argparse.Namespace, overlap: bool) -> dict:
     }
 
 
-async def art_ray_run(args: argparse.Namespace, storage: str) -> dict[str, dict]:
-    from art_ray import LoRASpec, ModelConfig, RayBackend, TrainableModel
+def mode_config(mode: str):
+    from art_ray import LoRASpec, ModelConfig
+
+    layout = "colocated" if mode == "colocated" else "split"
+    # split: one core each, as the engine and the trainer held before colocation
+    threads = None if layout == "colocated" else 1
+    return ModelConfig(
+        lora=LoRASpec(r=16, alpha=32),
+        sequence_length=256,
+        max_model_len=512,
+        layout=layout,
+        engine_threads=threads,
+        trainer_threads=threads,
+    )
+
+
+async def art_ray_run(args: argparse.Namespace, mode: str, storage: str) -> dict[int, dict]:
+    """One backend (engine start paid once) and one model per seed; returns seed -> run."""
+    from art_ray import RayBackend, TrainableModel
 
     start = time.perf_counter()
     backend = RayBackend(storage=storage, port=free_port())
-    runs: dict[str, dict] = {}
+    runs: dict[int, dict] = {}
     try:
-        for mode in args.modes:
+        for seed in args.seeds:
             model = TrainableModel(
-                name=f"bench-{mode}",
+                name=f"bench-{mode}-{seed}",
                 project="bench",
                 base_model="smollm2-135m",
-                config=ModelConfig(
-                    lora=LoRASpec(r=16, alpha=32),
-                    sequence_length=256,
-                    max_model_len=512,
-                    engine_threads=args.engine_threads,
-                    trainer_threads=args.trainer_threads,
-                ),
+                config=mode_config(mode),
             )
+            model.config.seed = seed
             await model.register(backend)
-            if not runs:
-                startup = time.perf_counter() - start
-            runs[mode] = await run_loop(model, args, overlap=mode == "overlap")
-            runs[mode]["startup_s"] = startup
+            startup = time.perf_counter() - start
+            runs[seed] = await run_loop(model, args, seed, overlap=mode == "overlap")
+            runs[seed]["startup_s"] = startup
+            backend.stop_trainers()  # the next seed's trainer takes its place
+            start = time.perf_counter()
     finally:
         backend.shutdown()
     return runs
@@ -224,15 +240,15 @@ print(json.dumps({{"startup_s": startup, "seconds_to_threshold": reached, "steps
 """
 
 
-def trl_run(args: argparse.Namespace, workdir: str) -> dict:
+def trl_run(args: argparse.Namespace, seed: int, workdir: str) -> dict:
     script = TRL_SCRIPT.format(
         tasks_dir=str(ROOT / "examples" / "one_word"),
-        batches=question_batches(args.seed, args.max_steps),
+        batches=question_batches(seed, args.max_steps),
         threshold=args.threshold,
         out=workdir,
         lr=LEARNING_RATE,
         max_steps=args.max_steps,
-        seed=args.seed,
+        seed=seed,
     )
     completed = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=args.max_steps * 300
@@ -241,8 +257,16 @@ def trl_run(args: argparse.Namespace, workdir: str) -> dict:
         raise RuntimeError(f"TRL run failed:\n{completed.stderr[-3000:]}")
     for line in completed.stdout.splitlines():
         if line.startswith("TRL step"):
-            print(line, flush=True)
+            print(f"seed {seed}: {line}", flush=True)
     return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def summarize(run: dict) -> dict:
+    phases = ("rollout_s", "train_s", "checkpoint_s", "publish_s", "other_s")
+    trained = [s for s in run["steps"] if "train_s" in s]
+    run["mean"] = {key: sum(s[key] for s in trained) / max(1, len(trained)) for key in phases}
+    run["seconds_per_step"] = run["loop_s"] / len(run["steps"])
+    return run
 
 
 def main() -> None:
@@ -251,85 +275,82 @@ def main() -> None:
     )
     parser.add_argument("--threshold", type=float, default=0.8, help="mean reward of a step's samples")
     parser.add_argument("--max-steps", type=int, default=12)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=lambda text: [int(x) for x in text.split(",")], default=[0, 1, 2])
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument(
         "--modes",
         type=lambda text: text.split(","),
-        default=["sync", "overlap"],
-        help="art-ray loops to run, in order; the first is the headline (and pays the runner start)",
+        default=["colocated"],
+        help="art-ray loops to run (colocated, split, overlap); the first is the headline",
     )
     parser.add_argument("--stall-seconds", type=float, default=180, help="print the loop's tasks after")
-    parser.add_argument("--engine-threads", type=int, default=1, help="the vLLM engine's torch threads")
-    parser.add_argument("--trainer-threads", type=int, default=1, help="the trainer's torch threads")
     args = parser.parse_args()
+    ours: dict[str, dict[int, dict]] = {}
+    theirs: dict[int, dict] = {}
     with tempfile.TemporaryDirectory() as workdir:
-        ours = asyncio.run(art_ray_run(args, f"{workdir}/art_ray"))
-        theirs = None if args.skip_trl else trl_run(args, f"{workdir}/trl")
+        for mode in args.modes:
+            ours[mode] = {
+                seed: summarize(run)
+                for seed, run in asyncio.run(art_ray_run(args, mode, f"{workdir}/art_ray-{mode}")).items()
+            }
+        if not args.skip_trl:
+            theirs = {seed: trl_run(args, seed, f"{workdir}/trl-{seed}") for seed in args.seeds}
 
     phases = ("rollout_s", "train_s", "checkpoint_s", "publish_s", "other_s")
-    breakdown, rows = [], []
-    for mode, run in ours.items():
-        trained = [s for s in run["steps"] if "train_s" in s]
-        mean = {key: sum(s[key] for s in trained) / max(1, len(trained)) for key in phases}
-        run["mean"] = mean
-        run["seconds_per_step"] = run["loop_s"] / len(run["steps"])
-        breakdown.append([mode, *(mean[k] for k in phases), run["seconds_per_step"], run["busy_fraction"]])
-        rows.append(
-            [
-                f"art-ray ({mode})",
-                run["startup_s"],
-                len(run["steps"]),
-                run["seconds_per_step"],
-                run["steps"][-1]["reward"],
-                run["seconds_to_threshold"],
-            ]
-        )
     print_table(
-        "art-ray: seconds per trained step (mean; wall per step includes overlap)",
-        ["loop", "rollout", "train", "checkpoint", "publish", "other", "wall/step", "engine busy"],
-        breakdown,
+        "art-ray: seconds per trained step (mean over the run; checkpoint = seconds the step waited for it)",
+        ["mode", "seed", "rollout", "train", "checkpoint", "publish", "other", "wall/step", "engine busy"],
+        [
+            [mode, seed, *(run["mean"][k] for k in phases), run["seconds_per_step"], run["busy_fraction"]]
+            for mode, runs in ours.items()
+            for seed, run in runs.items()
+        ],
     )
-    headline_mode = args.modes[0]
-    headline = ours[headline_mode]
+    rows = []
+    ratios: dict[str, list[float]] = {mode: [] for mode in ours}
+    for seed in args.seeds:
+        trl = theirs.get(seed)
+        trl_s = trl["seconds_to_threshold"] if trl else None
+        for mode, runs in ours.items():
+            run = runs[seed]
+            ours_s = run["seconds_to_threshold"]
+            ratio = round(ours_s / trl_s, 3) if ours_s and trl_s else None
+            if ratio is not None:
+                ratios[mode].append(ratio)
+            steps = len(run["steps"])
+            rows.append(
+                [f"art-ray ({mode})", seed, run["startup_s"], steps, run["seconds_per_step"], ours_s, ratio]
+            )
+        if trl:
+            steps = trl["steps"]
+            per_step = sum(s["seconds"] for s in steps) / max(1, len(steps))
+            rows.append(["TRL GRPOTrainer", seed, trl["startup_s"], len(steps), per_step, trl_s, 1.0])
+    print_table(
+        f"time to a step reward >= {args.threshold} (seconds of training; start-up apart)",
+        ["system", "seed", "start-up s", "steps", "s/step", "seconds to threshold", "ratio to TRL"],
+        [[value if value is not None else "not reached" for value in row] for row in rows],
+    )
+    headline = args.modes[0]
+    runs = ours[headline]
+
+    def med(values: list[float]) -> float | None:
+        return round(median(values), 3) if values else None
+
     result = {
         "bench": "end_to_end",
         "threshold": args.threshold,
-        "mode": headline_mode,
-        "art_ray_seconds": headline["seconds_to_threshold"],
-        "art_ray_steps": len(headline["steps"]),
-        "busy_fraction": round(headline["busy_fraction"], 3),
-        "art_ray_seconds_per_step": round(headline["seconds_per_step"], 2),
-        **{f"art_ray_{k}": round(v, 2) for k, v in headline["mean"].items()},
-        **{
-            f"{mode}_seconds": run["seconds_to_threshold"]
-            for mode, run in ours.items()
-            if mode != headline_mode
-        },
+        "mode": headline,
+        "seeds": args.seeds,
+        "ratio": med(ratios[headline]) if len(ratios[headline]) == len(args.seeds) else None,
+        **{f"ratio_{m}": med(v) if len(v) == len(args.seeds) else None for m, v in ratios.items()},
+        "art_ray_seconds": med([r["seconds_to_threshold"] or float("inf") for r in runs.values()]),
+        "trl_seconds": med([t["seconds_to_threshold"] or float("inf") for t in theirs.values()] or [0]),
+        "art_ray_steps": med([len(r["steps"]) for r in runs.values()]),
+        "trl_steps": med([len(t["steps"]) for t in theirs.values()]) if theirs else None,
+        "busy_fraction": med([r["busy_fraction"] for r in runs.values()]),
+        "art_ray_seconds_per_step": med([r["seconds_per_step"] for r in runs.values()]),
+        **{f"art_ray_{k}": med([r["mean"][k] for r in runs.values()]) for k in phases},
     }
-    if theirs is not None:
-        trl_steps = theirs["steps"]
-        rows.append(
-            [
-                "TRL GRPOTrainer",
-                theirs["startup_s"],
-                len(trl_steps),
-                sum(s["seconds"] for s in trl_steps) / max(1, len(trl_steps)),
-                trl_steps[-1]["reward"] if trl_steps else float("nan"),
-                theirs["seconds_to_threshold"],
-            ]
-        )
-        result["trl_seconds"] = theirs["seconds_to_threshold"]
-        result["trl_steps"] = len(trl_steps)
-        for mode, run in ours.items():
-            key = "ratio" if mode == headline_mode else f"ratio_{mode}"
-            ours_s, theirs_s = run["seconds_to_threshold"], theirs["seconds_to_threshold"]
-            result[key] = round(ours_s / theirs_s, 3) if ours_s and theirs_s else None
-    print_table(
-        f"time to a step reward >= {args.threshold} (seconds of training; start-up apart)",
-        ["system", "start-up s", "steps", "s/step", "last reward", "seconds to threshold"],
-        [[value if value is not None else "not reached" for value in row] for row in rows],
-    )
     print_result(result)
 
 

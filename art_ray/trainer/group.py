@@ -9,7 +9,6 @@ Colocated, the engines give the devices to the trainer for the train call and ta
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 
@@ -23,10 +22,8 @@ from art_ray.colocation import PASSIVE_THREADS_ENV
 from art_ray.placement import PlacementError
 from art_ray.train_config import TrainConfig
 from art_ray.trainer.config import TrainerConfig
-from art_ray.trainer.worker import TrainerWorker
+from art_ray.trainer.worker import STATE_FILE, TrainerWorker
 from art_ray.trajectories import TrajectoryGroup
-
-STATE_FILE = "trainer_state.json"
 
 
 def checkpoint_steps(config: TrainerConfig) -> list[int]:
@@ -39,13 +36,6 @@ def checkpoint_steps(config: TrainerConfig) -> list[int]:
 def latest_checkpoint(config: TrainerConfig) -> tuple[int, str] | None:
     steps = checkpoint_steps(config)
     return (steps[-1], config.checkpoint_dir(steps[-1])) if steps else None
-
-
-@ray.remote(num_cpus=0)
-def _mark_complete(folder: str, step: int, *saved: None) -> None:
-    """Runs once every rank's save finished (Ray resolves `saved` first); a folder without the state
-    file is an interrupted checkpoint and is never resumed from."""
-    storage.write_text(f"{folder}/{STATE_FILE}", json.dumps({"step": step, "saved_at": time.time()}))
 
 
 class TrainerGroup:
@@ -129,7 +119,8 @@ class TrainerGroup:
             # the next train call queues behind it.
             folder = self.config.checkpoint_dir(self.step)
             saved = [worker.save_checkpoint.remote(folder) for worker in self.workers]
-            self._checkpoint_written = _mark_complete.remote(folder, self.step, *saved)
+            # rank 0 marks it complete once every rank's save finished (Ray resolves `saved` first)
+            self._checkpoint_written = self.workers[0].mark_checkpoint_complete.remote(folder, *saved)
             if self.config.colocated and self.config.device == "gpu":
                 # the trainer's memory must be free before the engines wake
                 await asyncio.gather(*(worker.offload.remote() for worker in self.workers))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -24,6 +25,8 @@ from art_ray.trainer.packing import PackedRow, pack_sequences, segment_attention
 from art_ray.trajectories import TrajectoryGroup
 
 CLIENT_STATE_STEP = "art_ray_step"
+# Written last into a checkpoint folder: a folder without it is an interrupted checkpoint, never resumed from
+STATE_FILE = "trainer_state.json"
 
 
 def deepspeed_config(config: TrainerConfig, on_gpu: bool) -> dict[str, Any]:
@@ -280,6 +283,10 @@ class TrainerWorker:
         with tempfile.TemporaryDirectory() as staging:
             save(staging)
             storage.upload_dir(Path(staging), folder)
+
+    def mark_checkpoint_complete(self, folder: str, *saved: None) -> None:
+        """Called on rank 0 with every rank's save as arguments, so it runs after all of them."""
+        storage.write_text(f"{folder}/{STATE_FILE}", json.dumps({"step": self.step, "saved_at": time.time()}))
 
     def load_checkpoint(self, folder: str) -> int:
         with tempfile.TemporaryDirectory() as staging:
