@@ -8,6 +8,7 @@ from art_ray.gather import TooManyExceptionsError, gather_trajectory_groups
 from art_ray.model import Model, TrainableModel
 from art_ray.model_config import ModelConfig
 from art_ray.parquet import read_trajectory_groups, write_trajectory_groups
+from art_ray.placement import PlacementError
 from art_ray.remote.client import HTTPBackend, RemoteTrainingError
 from art_ray.remote_rollout import remote_rollout
 from art_ray.train_config import TrainConfig
@@ -31,6 +32,7 @@ __all__ = [
     "LoRASpec",
     "Model",
     "ModelConfig",
+    "PlacementError",
     "RayBackend",
     "RemoteTrainingError",
     "TooManyExceptionsError",

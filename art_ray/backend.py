@@ -151,12 +151,6 @@ class RayBackend:
             colocated=plan.layout == "colocated",
         )
 
-    async def _place(
-        self, what: str, demands: list[dict[str, float]], settings: str, model: TrainableModel
-    ) -> None:
-        # An embedded cluster has no autoscaler: what does not fit now never will, so this raises at once.
-        await wait_placeable(demands, what, settings, model.config.placement_timeout_s)
-
     async def _gpu_memory_plan(self, model: TrainableModel, base_model: str, plan: ModelPlan) -> str:
         """The memory plan against the GPU of a node the trainer would run on (its size is only known
         there); raises MemoryPlanError naming the setting to change before anything is started."""
@@ -186,15 +180,22 @@ class RayBackend:
         plan = plan_model(model.config, cluster_shapes())
         if "gpu" in (plan.engine_device, plan.trainer_device):
             print(await self._gpu_memory_plan(model, base_model, plan), flush=True)
+        # Everything this call will start must fit before any of it starts.
+        demands = (
+            [] if model.name in self._trainers else [plan.trainer_rank.demand()] * model.config.world_size
+        )
+        if self._base_model is None:
+            demands += [plan.replica.demand()] * model.config.num_replicas
+        await wait_placeable(
+            demands,
+            f"model {model.name!r} ({plan.layout})",
+            "ModelConfig.replica_cpus / replica_gpus / num_replicas / replica_resources or "
+            "trainer_cpus_per_rank / trainer_gpus_per_rank / world_size / trainer_resources",
+            model.config.placement_timeout_s,
+        )
+        print(f"art-ray: {model.name}: {plan.describe()}", flush=True)
         if self._base_model is None:
             config = self._serving_config(model, base_model, plan)
-            await self._place(
-                f"the inference app of {model.name!r}",
-                [plan.replica.demand()] * config.num_replicas,
-                "ModelConfig.replica_cpus / replica_gpus / num_replicas / replica_resources",
-                model,
-            )
-            print(f"art-ray: {model.name}: {plan.describe()}", flush=True)
             # in a thread: deploying waits for the engines (~30 s on CPU), and a training server's event
             # loop keeps answering meanwhile
             self.base_url = await asyncio.to_thread(start_inference, config, self.host, self.port)
@@ -217,12 +218,6 @@ class RayBackend:
                 f"{self._layout!r} (set by the first model registered): set ModelConfig.layout"
             )
         if model.name not in self._trainers:
-            await self._place(
-                f"the trainer of {model.name!r}",
-                [plan.trainer_rank.demand()] * model.config.world_size,
-                "ModelConfig.trainer_cpus_per_rank / trainer_gpus_per_rank / world_size / trainer_resources",
-                model,
-            )
             trainer = TrainerGroup(
                 self._trainer_config(model, base_model, plan),
                 placement_timeout_s=model.config.placement_timeout_s,

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic
 
+from art_ray.errors import ArtRayError
+
 if TYPE_CHECKING:
     from art_ray.model_config import ModelConfig
 
@@ -188,7 +190,7 @@ class Problem(pydantic.BaseModel):
     fixes: list[dict[str, Any]]  # alternatives, each a set of settings that fit together
 
 
-class MemoryPlanError(ValueError):
+class MemoryPlanError(ArtRayError, ValueError):
     def __init__(self, plan: MemoryPlan, problems: list[Problem]) -> None:
         self.plan, self.problems = plan, problems
         lines = [

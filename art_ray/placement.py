@@ -17,6 +17,7 @@ from typing import Literal
 
 import pydantic
 
+from art_ray.errors import ArtRayError
 from art_ray.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ RELEASE_GRACE_S = 5.0
 COLOCATED_GPU_SHARE = 0.5
 
 
-class PlacementError(RuntimeError):
+class PlacementError(ArtRayError, RuntimeError):
     """A model's layout cannot be placed on this cluster; the message names the setting to change."""
 
 

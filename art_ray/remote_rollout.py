@@ -56,6 +56,10 @@ class RunnerPool:
             .remote()
         )
 
+    def reset(self) -> None:
+        """Forget the runners (of a Ray session that ended)."""
+        self._runners = []
+
     def runner(self) -> tuple[int, Any]:
         if not self._runners:
             self._runners = [self._new_runner() for _ in range(self._size)]
@@ -84,11 +88,18 @@ def remote_rollout(
     def decorate(user_function: Callable[..., Any]) -> Callable[..., Awaitable[Trajectory]]:
         pool = RunnerPool(num_runners, max_concurrency)
         function_ref: list[Any] = []
+        session: list[tuple[str, str]] = []
 
         @functools.wraps(user_function)
         async def call(*args: Any, **kwargs: Any) -> Trajectory:
             if not ray.is_initialized():  # a driver without Ray (an HTTPBackend's): run it right here
                 return await RolloutRunner().run(user_function, args, kwargs)
+            context = ray.get_runtime_context()
+            current = (context.get_job_id(), context.get_node_id())
+            if session != [current]:  # a new Ray session (another backend): the old refs and runners are gone
+                session[:] = [current]
+                function_ref.clear()
+                pool.reset()
             if not function_ref:  # serialized once, then shared by every call
                 function_ref.append(ray.put(user_function))
             for attempt in range(max_retries + 1):

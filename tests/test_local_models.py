@@ -51,7 +51,7 @@ def test_vllm_samples_tiny_with_logprobs_and_token_ids() -> None:
     from art_ray.serving.engine_config import EngineConfig
 
     path = prepare(TINY)
-    config = EngineConfig(model=str(path))
+    config = EngineConfig(model=str(path), device="cpu")
     config.apply_env()
     llm = LLM(**config.vllm_kwargs())
     try:
@@ -78,7 +78,7 @@ def test_smollm2_greedy_answers_paris_on_vllm() -> None:
 
     from art_ray.serving.engine_config import EngineConfig
 
-    config = EngineConfig(model=str(prepare(SMOLLM2)))
+    config = EngineConfig(model=str(prepare(SMOLLM2)), device="cpu")
     config.apply_env()
     llm = LLM(**config.vllm_kwargs())
     try:

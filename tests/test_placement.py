@@ -109,3 +109,31 @@ def test_simulated_gpu_cluster_gets_gpu_configs_valid_for_vllm_and_deepspeed(tmp
         assert deepspeed.bfloat16_config.enabled is True
     assert DeepSpeedConfig(split["deepspeed"]).zero_optimization_stage == 3
     assert DeepSpeedConfig(one_gpu["deepspeed"]).zero_optimization_stage == 2
+
+
+async def test_a_model_the_cluster_cannot_hold_fails_fast_and_leaves_nothing(ray_cluster, tmp_path) -> None:
+    """The session's cluster has 4 CPUs and no autoscaler: a trainer of 64 CPUs is refused at once,
+    before the app or a placement group is created."""
+    import ray
+    from factories import TINY_CONFIG
+    from ray import serve
+
+    from art_ray import RayBackend, TrainableModel
+    from art_ray.models import TINY
+
+    backend = RayBackend(storage=str(tmp_path), app_name="never", route_prefix="/never")
+    config = TINY_CONFIG.model_copy(update={"trainer_cpus_per_rank": 64.0})
+    model = TrainableModel(name="too-big", project="tests", base_model=TINY, config=config)
+
+    def pending() -> set[str]:
+        return {pg for pg, info in ray.util.placement_group_table().items() if info["state"] == "PENDING"}
+
+    pending_before = pending()
+    start = time.monotonic()
+    with pytest.raises(PlacementError, match="trainer_cpus_per_rank") as error:
+        await model.register(backend)
+    assert time.monotonic() - start < 15
+    assert "{'CPU': 64.0}" in str(error.value)
+    assert pending() <= pending_before
+    assert "never" not in serve.status().applications
+    assert backend._trainers == {} and backend.base_url is None

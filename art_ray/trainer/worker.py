@@ -207,9 +207,14 @@ class TrainerWorker:
             length = self.settings.sequence_length
             batch = [PackedRow.padding(length)]
         device = self.engine.device
+        # Rows are padded at their tail only: the micro-batch is computed up to its longest row's last
+        # real token (a group of short samples fills ~2/3 of a row; the padding would cost as much).
+        used = max(
+            max((i for i, segment in enumerate(row.segment_ids) if segment), default=0) + 1 for row in batch
+        )
 
         def tensor(name: str, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor([getattr(row, name) for row in batch], dtype=dtype, device=device)
+            return torch.tensor([getattr(row, name)[:used] for row in batch], dtype=dtype, device=device)
 
         input_ids, position_ids = tensor("input_ids", torch.long), tensor("position_ids", torch.long)
         segments, targets = tensor("segment_ids", torch.long), tensor("target_ids", torch.long)
