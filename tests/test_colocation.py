@@ -29,7 +29,8 @@ def engine_processes(app_name: str) -> list[psutil.Process]:
     short-lived helpers a child may start are left out, since they can exit between two readings."""
     for process in psutil.process_iter(["cmdline"]):
         if any(f"ServeReplica:{app_name}:InferenceReplica" in part for part in process.info["cmdline"] or []):
-            engine = [child for child in process.children(recursive=True) if child.name().startswith("VLLM::")]
+            children = process.children(recursive=True)
+            engine = [child for child in children if child.name().startswith("VLLM::")]
             assert engine, "no vLLM engine process under the replica"
             return [process, *engine]
     raise AssertionError(f"no replica process of app {app_name!r}")
