@@ -88,8 +88,8 @@ class ModelPlan(pydantic.BaseModel):
 
 def plan_model(config: ModelConfig, shapes: list[NodeShape]) -> ModelPlan:
     """Decide the layout, devices, reservations and threads of a model from the cluster's nodes."""
-    replica_nodes = _candidates(shapes, config.replica_resources, "replica_resources")
-    trainer_nodes = _candidates(shapes, config.trainer_resources, "trainer_resources")
+    replica_nodes = role_nodes(shapes, config.replica_resources, "replica_resources")
+    trainer_nodes = role_nodes(shapes, config.trainer_resources, "trainer_resources")
     engine_device = _device(config, replica_nodes)
     trainer_device = _device(config, trainer_nodes)
     layout = config.layout
@@ -135,7 +135,7 @@ def _whole(cpus: float) -> int:
     return max(1, int(cpus))
 
 
-def _candidates(shapes: list[NodeShape], pinned: dict[str, float], setting: str) -> list[NodeShape]:
+def role_nodes(shapes: list[NodeShape], pinned: dict[str, float], setting: str) -> list[NodeShape]:
     nodes = [shape for shape in shapes if shape.offers(pinned)]
     if not nodes:
         raise PlacementError(
@@ -147,8 +147,13 @@ def _candidates(shapes: list[NodeShape], pinned: dict[str, float], setting: str)
 
 
 def _device(config: ModelConfig, nodes: list[NodeShape]) -> Device:
-    if config.device != "auto":
-        return config.device
+    return resolve_device(config.device, nodes)
+
+
+def resolve_device(device: Literal["auto", "cpu", "gpu"], nodes: list[NodeShape]) -> Device:
+    """`device`, with "auto" decided by the nodes that can run the role: GPU when any has GPUs."""
+    if device != "auto":
+        return device
     return "gpu" if any(node.gpus > 0 for node in nodes) else "cpu"
 
 

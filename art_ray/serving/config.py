@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pydantic
 
-from art_ray.placement import NodeShape, PlacementError
+from art_ray.placement import NodeShape, resolve_device, role_nodes
 from art_ray.serving.engine_config import EngineConfig
 
 
@@ -53,15 +53,8 @@ class ServingConfig(pydantic.BaseModel):
     def placed(self, shapes: list[NodeShape]) -> ServingConfig:
         """This config with the device and GPUs that were left to the cluster decided from its nodes
         (those that carry `replica_resources`), for a Serve config file or a fixture."""
-        nodes = [shape for shape in shapes if shape.offers(self.replica_resources)]
-        if not nodes:
-            raise PlacementError(
-                f"no node of this cluster has the resources {sorted(self.replica_resources)} of "
-                "replica_resources; set it to resources your nodes advertise"
-            )
-        device = self.engine.device
-        if device == "auto":
-            device = "gpu" if any(node.gpus > 0 for node in nodes) else "cpu"
+        nodes = role_nodes(shapes, self.replica_resources, "replica_resources")
+        device = resolve_device(self.engine.device, nodes)
         gpus = self.replica_num_gpus
         if gpus is None:
             gpus = float(self.engine.tensor_parallel_size) if device == "gpu" else 0.0
