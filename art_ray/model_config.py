@@ -30,6 +30,7 @@ class ModelConfig(pydantic.BaseModel):
     micro_batch_rows: int = pydantic.Field(default=4, ge=1)
     weight_decay: float = pydantic.Field(default=0.0, ge=0)
     adam_betas: tuple[float, float] = (0.9, 0.99)
+    adam_epsilon: float = pydantic.Field(default=1e-8, gt=0)
     trainer_cpus_per_rank: float = pydantic.Field(default=1.0, ge=0)
     trainer_gpus_per_rank: float | None = None  # None: 1 on GPU (0.5 colocated), 0 on CPU
     # None: every core of the node when colocated on CPU, else the CPUs the rank reserves

@@ -24,6 +24,13 @@ def cpu_seconds(processes: list[psutil.Process]) -> float:
     return total
 
 
+def idle_seconds() -> float:
+    """Idle time of the cores this process may run on (reported: a phase that leaves cores idle)."""
+    cores = os.sched_getaffinity(0)
+    per_core = psutil.cpu_times(percpu=True)
+    return sum(times.idle + getattr(times, "iowait", 0.0) for i, times in enumerate(per_core) if i in cores)
+
+
 def engine_processes(app_name: str) -> list[psutil.Process]:
     """The app's replica actor and the engine processes it spawned (vLLM's engine core and its worker);
     short-lived helpers a child may start are left out, since they can exit between two readings."""
@@ -76,14 +83,15 @@ async def test_each_phase_gets_every_core_and_the_idle_side_sleeps(smollm2_model
     step = await model.get_step()
     marks = []
     async for _ in model.train_stream(groups, TrainConfig(learning_rate=1e-5, num_gradient_steps=2)):
-        marks.append((cpu_seconds(engine[1:]), cpu_seconds([trainer]), time.perf_counter()))
-    (engine_a, trainer_a, start), (engine_b, trainer_b, end) = marks[0], marks[1]
+        marks.append((cpu_seconds(engine[1:]), cpu_seconds([trainer]), time.perf_counter(), idle_seconds()))
+    (engine_a, trainer_a, start, idle_a), (engine_b, trainer_b, end, idle_b) = marks[0], marks[1]
     training_s = end - start
     # idle engine: its vLLM processes (the replica actor's own Ray/Serve housekeeping is not the engine)
     engine_training, trainer_training = engine_b - engine_a, trainer_b - trainer_a
     report = (
         f"sampling {sampling_s:.2f} s: engine {engine_sampling:.2f} CPU s, trainer {trainer_sampling:.2f}; "
-        f"training {training_s:.2f} s: engine {engine_training:.2f} CPU s, trainer {trainer_training:.2f}"
+        f"training {training_s:.2f} s: engine {engine_training:.2f} CPU s, trainer {trainer_training:.2f}, "
+        f"idle cores {(idle_b - idle_a) / training_s:.2f}"
     )
     print(report)
     # the idle side sleeps: neither spins nor polls while the other runs

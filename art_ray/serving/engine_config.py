@@ -7,8 +7,6 @@ from typing import Any, Literal
 
 import pydantic
 
-from art_ray.colocation import PASSIVE_THREADS_ENV
-
 CPU_BLOCK_SIZE = 32
 
 
@@ -89,8 +87,6 @@ class EngineConfig(pydantic.BaseModel):
             "VLLM_CPU_OMP_THREADS_BIND": self.cpu_threads_bind,
             "OMP_NUM_THREADS": str(threads),
         }
-        if self.colocated:
-            env.update(PASSIVE_THREADS_ENV)
         return env
 
     def apply_env(self) -> None:

@@ -18,7 +18,6 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from art_ray import storage
 from art_ray.adapters.registry import get_registry, publish_adapter
-from art_ray.colocation import PASSIVE_THREADS_ENV
 from art_ray.placement import PlacementError
 from art_ray.train_config import TrainConfig
 from art_ray.trainer.config import TrainerConfig
@@ -49,8 +48,6 @@ class TrainerGroup:
         bundle = config.rank.demand() or {"CPU": 0.001}
         self._placement_group = placement_group([bundle] * config.settings.world_size, strategy="PACK")
         env = {} if config.threads is None else {"OMP_NUM_THREADS": str(config.threads)}
-        if config.colocated:
-            env.update(PASSIVE_THREADS_ENV)
         self.workers = [
             ray.remote(TrainerWorker)
             .options(

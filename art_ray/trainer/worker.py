@@ -111,7 +111,11 @@ class TrainerWorker:
         parameters = [p for p in model.parameters() if p.requires_grad]
         _keep_only_trainable_in_state_dict(model)
         optimizer = torch.optim.AdamW(
-            parameters, lr=1e-5, betas=self.settings.adam_betas, weight_decay=self.settings.weight_decay
+            parameters,
+            lr=1e-5,
+            betas=self.settings.adam_betas,
+            eps=self.settings.adam_epsilon,
+            weight_decay=self.settings.weight_decay,
         )
         deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo")
         self.engine, *_ = deepspeed.initialize(
