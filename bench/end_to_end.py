@@ -224,6 +224,9 @@ config = GRPOConfig(
     max_completion_length=16, temperature=1.0, beta=0.0, logging_steps=1, max_steps={max_steps},
     use_cpu=True, report_to="none", save_strategy="no", shuffle_dataset=False, seed={seed},
     lr_scheduler_type="constant",
+    # art-ray's CPU trainer runs float32 without recomputation; TRL 1.x defaults to bf16 and gradient
+    # checkpointing, which on this CPU (no native bf16) made each of its steps minutes long.
+    bf16=False, gradient_checkpointing=False,
 )
 trainer = GRPOTrainer(
     model=model, reward_funcs=reward, args=config, train_dataset=Dataset.from_list(prompts),

@@ -173,6 +173,9 @@ config = GRPOConfig(
     output_dir={out!r}, learning_rate=5e-4, per_device_train_batch_size={batch}, num_generations={samples},
     max_completion_length={completion_tokens}, beta=0.0, logging_steps=1, max_steps={steps} + 1, use_cpu=True,
     report_to="none", save_strategy="no", shuffle_dataset=False, lr_scheduler_type="constant",
+    # float32 without recomputation, like art-ray's CPU trainer (TRL 1.x defaults to bf16 and gradient
+    # checkpointing; this CPU has no native bf16)
+    bf16=False, gradient_checkpointing=False,
 )
 trainer = GRPOTrainer(
     model=AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), reward_funcs=reward, args=config,
