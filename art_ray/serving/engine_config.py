@@ -18,7 +18,7 @@ class EngineConfig(pydantic.BaseModel):
     # from the devices of the process that builds it.
     device: Literal["auto", "cpu", "gpu"] = "auto"
     # Shares its devices with a trainer and takes turns (art_ray/colocation.py): GPU engines start with
-    # sleep mode; CPU engines' idle threads sleep instead of spinning.
+    # sleep mode; CPU engines pause their scheduler while the trainer runs.
     colocated: bool = False
     # CPU: float32 (bf16 measured ~5x slower on AVX2); GPU: the checkpoint's dtype.
     dtype: str | None = None
