@@ -16,8 +16,8 @@ import ray
 
 from art_ray.models import default_tool_call_parser, resolve_base_model
 from art_ray.placement import ModelPlan, PlacementError, cluster_shapes, plan_model, wait_placeable
+from art_ray.role_configs import serving_config, trainer_config
 from art_ray.serving.config import ServingConfig
-from art_ray.serving.engine_config import EngineConfig
 from art_ray.tracking import Tracker, group_metrics, save_trajectories, train_step_metrics
 from art_ray.train_config import TrainConfig
 from art_ray.trainer.config import TrainerConfig
@@ -111,44 +111,24 @@ class RayBackend:
             ray.init(address=self.address or os.environ["RAY_ADDRESS"], log_to_driver=False)
 
     def _serving_config(self, model: TrainableModel, base_model: str, plan: ModelPlan) -> ServingConfig:
-        config = model.config
-        engine = EngineConfig(
-            model=base_model,
-            device=plan.engine_device,
-            colocated=plan.layout == "colocated",
-            max_model_len=config.max_model_len,
-            max_lora_rank=config.lora.r,
-            max_loras=max(4, config.keep_versions),
-            cpu_threads=plan.engine_threads,
-            tensor_parallel_size=config.tensor_parallel_size,
-            gpu_memory_utilization=config.gpu_memory_utilization,
-            seed=config.seed,
-        )
-        return ServingConfig(
-            engine=engine,
+        return serving_config(
+            model.config,
+            plan,
+            base_model=base_model,
             app_name=self.app_name,
             route_prefix=self.route_prefix,
-            num_replicas=config.num_replicas,
-            replica_num_cpus=plan.replica.num_cpus,
-            replica_num_gpus=plan.replica.num_gpus,
-            replica_resources=plan.replica.resources,
             api_key=self.api_key,
-            keep_versions=config.keep_versions,
-            tool_call_parser=config.tool_call_parser or default_tool_call_parser(model.base_model),
-            chat_template=config.chat_template,
+            tool_call_parser=default_tool_call_parser(model.base_model),
         )
 
     def _trainer_config(self, model: TrainableModel, base_model: str, plan: ModelPlan) -> TrainerConfig:
-        return TrainerConfig(
-            model=model.name,
+        return trainer_config(
+            model.config,
+            plan,
+            name=model.name,
             project=model.project,
             base_model=base_model,
             storage=self.storage,
-            settings=model.config,
-            device=plan.trainer_device,
-            rank=plan.trainer_rank,
-            threads=plan.trainer_threads,
-            colocated=plan.layout == "colocated",
         )
 
     async def _gpu_memory_plan(self, model: TrainableModel, base_model: str, plan: ModelPlan) -> str:

@@ -77,7 +77,7 @@ async def run(args: argparse.Namespace) -> dict:
     start_local_ray()
     port = free_port()
     config = ServingConfig(
-        engine=EngineConfig(model=base_model, max_model_len=1024, cpu_threads=1), replica_num_cpus=1
+        engine=EngineConfig(model=base_model, max_model_len=1024, threads=1), replica_cpus=1
     )
     start_inference(config, port=port)
     await publish_adapter("sync", 0, base_model, SPEC, initial_adapter(base_model, SPEC))

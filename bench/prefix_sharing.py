@@ -48,7 +48,7 @@ def measure(block_size: int, rounds: int, threads: int) -> dict:
     config = EngineConfig(
         model=model,
         device="cpu",
-        cpu_threads=threads,
+        threads=threads,
         block_size=block_size,
         max_model_len=512,
         colocated=True,

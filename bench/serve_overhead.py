@@ -111,7 +111,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     engine_config = EngineConfig(
-        model=resolve_base_model(args.model), device="cpu", max_model_len=1024, cpu_threads=args.threads
+        model=resolve_base_model(args.model), device="cpu", max_model_len=1024, threads=args.threads
     )
     direct = asyncio.run(direct_tokens_per_second(engine_config, args.requests, args.max_tokens))
     served = asyncio.run(serve_tokens_per_second(engine_config, args.requests, args.max_tokens))

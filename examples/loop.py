@@ -78,6 +78,12 @@ def parse_args(task_name: str, doc: str, argv: list[str] | None = None) -> argpa
     parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: under --storage)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument(
+        "--model-config",
+        type=json.loads,
+        default={},
+        help='ModelConfig settings as JSON, e.g. \'{"replica_resources": {"inference_node": 0.01}}\'',
+    )
+    parser.add_argument(
         "--server",
         default=None,
         help="train through a training server (art-ray serve-training) at this URL instead of a Ray cluster",
@@ -122,9 +128,12 @@ async def train_and_evaluate(task: AgentTask, args: argparse.Namespace) -> dict:
         project=args.project,
         base_model=args.model,
         config=ModelConfig(
-            lora=LoRASpec(r=args.lora_rank, alpha=2 * args.lora_rank),
-            sequence_length=task.max_model_len,
-            max_model_len=task.max_model_len,
+            **{
+                "lora": LoRASpec(r=args.lora_rank, alpha=2 * args.lora_rank),
+                "sequence_length": task.max_model_len,
+                "max_model_len": task.max_model_len,
+                **args.model_config,
+            }
         ),
     )
     try:

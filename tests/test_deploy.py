@@ -68,7 +68,7 @@ def test_kuberay_rayservice_embeds_a_valid_serve_config() -> None:
     service = load("deploy/kuberay/rayservice.yaml")
     assert (service["apiVersion"], service["kind"]) == ("ray.io/v1", "RayService")
     (config,) = serving_configs(yaml.safe_load(service["spec"]["serveConfigV2"]))
-    assert config.replica_num_gpus == 1 and config.tool_call_parser == "hermes"
+    assert config.replica_gpus == 1 and config.tool_call_parser == "hermes"
     cluster = service["spec"]["rayClusterConfig"]
     assert cluster["headGroupSpec"]["template"]["spec"]["containers"]
     assert cluster["workerGroupSpecs"][0]["template"]["spec"]["containers"]

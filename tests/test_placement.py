@@ -89,7 +89,7 @@ def test_simulated_gpu_cluster_gets_gpu_configs_valid_for_vllm_and_deepspeed(tmp
 
     split = result["split"]
     assert split["plan"]["layout"] == "split"
-    assert split["serving"]["replica_num_gpus"] == 1 and split["serving"]["replica_resources"]
+    assert split["serving"]["replica_gpus"] == 1 and split["serving"]["replica_resources"]
     assert split["trainer"]["device"] == "gpu" and split["trainer"]["rank"]["num_gpus"] == 1
     kwargs = split["engine_kwargs"]
     assert kwargs["dtype"] == "auto" and kwargs["gpu_memory_utilization"] == 0.85

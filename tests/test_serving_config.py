@@ -12,7 +12,7 @@ from art_ray.serving.engine_config import EngineConfig
 
 
 def test_engine_kwargs_for_cpu_and_gpu() -> None:
-    cpu = EngineConfig(model="/m", device="cpu", cpu_threads=1)
+    cpu = EngineConfig(model="/m", device="cpu", threads=1)
     assert cpu.vllm_kwargs()["dtype"] == "float32"
     assert cpu.vllm_kwargs()["enforce_eager"] is True
     assert "tensor_parallel_size" not in cpu.vllm_kwargs()

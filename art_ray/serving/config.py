@@ -30,9 +30,9 @@ class ServingConfig(pydantic.BaseModel):
     # Serve's default of 5 collapsed concurrent throughput 5x: the engine batches, let it.
     max_ongoing_requests: int = pydantic.Field(default=256, ge=1)
     # CPUs Ray reserves per replica; on a 2-core box the engine gets one and the trainer the other.
-    replica_num_cpus: float = pydantic.Field(default=1.0, ge=0)
+    replica_cpus: float = pydantic.Field(default=1.0, ge=0)
     # None: one GPU per tensor-parallel rank on GPU nodes, 0 on CPU
-    replica_num_gpus: float | None = pydantic.Field(default=None, ge=0)
+    replica_gpus: float | None = pydantic.Field(default=None, ge=0)
     # Custom Ray resources per replica: pins replicas to node types (e.g. {"inference_node": 1}).
     replica_resources: dict[str, float] = pydantic.Field(default_factory=dict)
     # Bearer key required on /v1 routes when set.
@@ -55,11 +55,11 @@ class ServingConfig(pydantic.BaseModel):
         (those that carry `replica_resources`), for a Serve config file or a fixture."""
         nodes = role_nodes(shapes, self.replica_resources, "replica_resources")
         device = resolve_device(self.engine.device, nodes)
-        gpus = self.replica_num_gpus
+        gpus = self.replica_gpus
         if gpus is None:
             gpus = float(self.engine.tensor_parallel_size) if device == "gpu" else 0.0
         engine = self.engine.model_copy(update={"device": device})
-        return self.model_copy(update={"engine": engine, "replica_num_gpus": gpus})
+        return self.model_copy(update={"engine": engine, "replica_gpus": gpus})
 
     @pydantic.model_validator(mode="after")
     def _check_lora_slots(self) -> ServingConfig:

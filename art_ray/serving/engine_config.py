@@ -40,8 +40,9 @@ class EngineConfig(pydantic.BaseModel):
     # CPU only: KV cache size in GiB, and how vLLM binds its OpenMP threads ("auto", "nobind", "0-3").
     cpu_kvcache_space_gib: int = pydantic.Field(default=1, ge=1)
     cpu_threads_bind: str = "nobind"
-    # Threads of the engine's torch ops on CPU; None: every core of the node the replica runs on.
-    cpu_threads: int | None = pydantic.Field(default=None, ge=1)
+    # CPU threads of the engine's torch ops (ModelConfig.engine_threads); None: every core of the node the
+    # replica runs on.
+    threads: int | None = pydantic.Field(default=None, ge=1)
     extra_engine_kwargs: dict[str, Any] = pydantic.Field(default_factory=dict)
 
     @property
@@ -80,7 +81,7 @@ class EngineConfig(pydantic.BaseModel):
         that runs the engine (every core: the cores this process may run on)."""
         if self.resolved_device != "cpu":
             return {}
-        threads = self.cpu_threads or len(os.sched_getaffinity(0))
+        threads = self.threads or len(os.sched_getaffinity(0))
         env = {
             "VLLM_CPU_KVCACHE_SPACE": str(self.cpu_kvcache_space_gib),
             "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",

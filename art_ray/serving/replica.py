@@ -123,9 +123,9 @@ class InferenceReplica:
 def replica_actor_options(config: ServingConfig) -> dict:
     # The engine's environment (threads, KV cache size) is applied in the replica, before it spawns the
     # engine process: "all cores" is only known on the node that runs it.
-    options: dict = {"num_cpus": config.replica_num_cpus}
-    if config.replica_num_gpus:
-        options["num_gpus"] = config.replica_num_gpus
+    options: dict = {"num_cpus": config.replica_cpus}
+    if config.replica_gpus:
+        options["num_gpus"] = config.replica_gpus
     if config.replica_resources:
         options["resources"] = dict(config.replica_resources)
     return options

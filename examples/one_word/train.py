@@ -68,7 +68,14 @@ async def main(args: argparse.Namespace) -> dict:
         name=args.name,
         project=args.project,
         base_model=args.model,
-        config=ModelConfig(lora=LoRASpec(r=16, alpha=32), sequence_length=256, max_model_len=512),
+        config=ModelConfig(
+            **{
+                "lora": LoRASpec(r=16, alpha=32),
+                "sequence_length": 256,
+                "max_model_len": 512,
+                **args.model_config,
+            }
+        ),
     )
     try:
         await model.register(backend)
@@ -146,6 +153,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--storage", default="./art_ray_runs")
     parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: under --storage)")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--model-config",
+        type=json.loads,
+        default={},
+        help='ModelConfig settings as JSON, e.g. \'{"replica_resources": {"inference_node": 0.01}}\'',
+    )
     return parser.parse_args(argv)
 
 
