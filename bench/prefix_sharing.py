@@ -96,7 +96,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--child-block-size", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-threads", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -5,7 +5,8 @@ Both train SmolLM2-135M-Instruct with LoRA r=16 alpha=32 on q/k/v/o, lr 5e-4, no
 4 one-word-task prompts x 8 completions of 16 tokens (fixed token ids and logprobs, rewards 0/1 so every
 completion has an advantage). TRL gets them through its `rollout_func`, so its step time is training,
 not generation. Both use `--threads` torch threads. art-ray: median of `time/step_seconds` reported by the
-trainer; TRL: median wall time of a trainer step (callbacks). The first step of each is a warm-up.
+trainer; TRL: median wall time of a trainer step (callbacks). The first step of each is a warm-up. art-ray
+also runs on one thread (the colocated trainer's step on every core vs one core: `threads_speedup`).
 Last line: {"bench": "trainer_throughput", "ratio": art-ray tokens/s / TRL tokens/s, ...}.
 """
 
@@ -226,9 +227,14 @@ def main() -> None:
 
     base_model = resolve_base_model("smollm2-135m")
     data = batch(base_model)
-    ours = asyncio.run(art_ray_tokens_per_second(base_model, data, args))
     import ray
 
+    ours = asyncio.run(art_ray_tokens_per_second(base_model, data, args))
+    ray.shutdown()
+    # the colocated trainer's step on every core vs one core
+    one_thread = asyncio.run(
+        art_ray_tokens_per_second(base_model, data, argparse.Namespace(**{**vars(args), "threads": 1}))
+    )
     ray.shutdown()
     theirs = trl_tokens_per_second(base_model, data, args)
     ratio = ours["tokens_per_second"] / theirs["tokens_per_second"]
@@ -241,6 +247,19 @@ def main() -> None:
             ["TRL GRPOTrainer", theirs["seconds"], theirs["tokens"], theirs["tokens_per_second"]],
         ],
     )
+    print_table(
+        "art-ray's step on one thread vs the threads above",
+        ["threads", "step s", "tokens/s", "speedup"],
+        [
+            [1, one_thread["seconds"], one_thread["tokens_per_second"], 1.0],
+            [
+                args.threads,
+                ours["seconds"],
+                ours["tokens_per_second"],
+                one_thread["seconds"] / ours["seconds"],
+            ],
+        ],
+    )
     print_result(
         {
             "bench": "trainer_throughput",
@@ -250,6 +269,7 @@ def main() -> None:
             "art_ray_step_seconds": round(ours["seconds"], 3),
             "trl_step_seconds": round(theirs["seconds"], 3),
             "threads": args.threads,
+            "threads_speedup": round(one_thread["seconds"] / ours["seconds"], 3),
         }
     )
 
