@@ -2,6 +2,7 @@
 
 from art_ray.adapters.lora_files import LoRASpec
 from art_ray.backend import BackendError, RayBackend
+from art_ray.backend_protocol import Backend
 from art_ray.dataset import DatasetBatch, iterate_dataset
 from art_ray.errors import ArtRayError, MissingTokenDataError, ModelPreparationError
 from art_ray.gather import TooManyExceptionsError, gather_trajectory_groups
@@ -12,6 +13,7 @@ from art_ray.placement import PlacementError
 from art_ray.remote.client import HTTPBackend, RemoteTrainingError
 from art_ray.remote_rollout import remote_rollout
 from art_ray.train_config import TrainConfig
+from art_ray.train_result import GradientStep, TrainResult
 from art_ray.trajectories import (
     History,
     PydanticException,
@@ -46,6 +48,9 @@ __all__ = [
     "PydanticException",
     "SampledTokens",
     "TrainConfig",
+    "TrainResult",
+    "GradientStep",
+    "Backend",
     "Trajectory",
     "TrajectoryGroup",
     "get_messages",

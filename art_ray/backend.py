@@ -18,8 +18,9 @@ from art_ray.models import default_tool_call_parser, resolve_base_model
 from art_ray.placement import ModelPlan, PlacementError, cluster_shapes, plan_model, wait_placeable
 from art_ray.role_configs import serving_config, trainer_config
 from art_ray.serving.config import ServingConfig
-from art_ray.tracking import Tracker, group_metrics, save_trajectories, train_step_metrics
+from art_ray.tracking import Tracker, group_metrics, save_trajectories
 from art_ray.train_config import TrainConfig
+from art_ray.train_result import TrainEvent, TrainResult
 from art_ray.trainer.config import TrainerConfig
 from art_ray.trajectories import TrajectoryGroup
 
@@ -220,21 +221,18 @@ class RayBackend:
 
     async def train(
         self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig
-    ) -> AsyncIterator[dict[str, float]]:
+    ) -> AsyncIterator[TrainEvent]:
         """Train one step: the groups' reward metrics and Parquet go under the current step, each
-        gradient step's metrics are yielded as they finish, the last item is the summary with the new
-        `step` (logged to MLflow at that step with the gradient steps' means)."""
+        gradient step is yielded as it finishes, then the TrainResult (its metrics logged to MLflow at the
+        new step)."""
         trainer, tracker = self._trainer(model), self.tracker(model)
         step = trainer.step
         tracker.log_metrics(group_metrics(groups, "train"), step)
         save_trajectories(trainer.config.model_dir(), "train", step, groups)
-        gradient_steps: list[dict[str, float]] = []
-        async for metrics in trainer.train(groups, config):
-            if "step" in metrics:
-                tracker.log_metrics(train_step_metrics(gradient_steps, metrics), int(metrics["step"]))
-            else:
-                gradient_steps.append(metrics)
-            yield metrics
+        async for event in trainer.train(groups, config):
+            if isinstance(event, TrainResult):
+                tracker.log_metrics(event.metrics, event.step)
+            yield event
 
     async def log(self, model: TrainableModel, groups: list[TrajectoryGroup], split: str) -> dict[str, float]:
         trainer, tracker = self._trainer(model), self.tracker(model)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pydantic
 from openai import AsyncOpenAI
@@ -15,7 +15,12 @@ from tqdm.auto import tqdm
 from art_ray.adapters.lora_files import validate_model_name, versioned_name
 from art_ray.model_config import ModelConfig
 from art_ray.train_config import TrainConfig
+from art_ray.train_result import GradientStep, TrainEvent, TrainResult
 from art_ray.trajectories import TrajectoryGroup
+
+if TYPE_CHECKING:
+    from art_ray.backend_protocol import Backend
+    from art_ray.tracking import Tracker
 
 _CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, AsyncOpenAI]] = (
     weakref.WeakKeyDictionary()
@@ -66,14 +71,14 @@ class TrainableModel(Model):
     base_model: str
     config: ModelConfig = pydantic.Field(default_factory=ModelConfig)
     tracking_uri: str | None = None
-    _backend: Any = pydantic.PrivateAttr(default=None)
+    _backend: Backend | None = pydantic.PrivateAttr(default=None)
 
     @pydantic.field_validator("name", "project")
     @classmethod
     def _safe_name(cls, value: str) -> str:
         return validate_model_name(value)
 
-    async def register(self, backend: Any) -> None:
+    async def register(self, backend: Backend) -> None:
         """Start serving and training this model on `backend` (resumes from its latest checkpoint)."""
         await backend.register(self)
         self._backend = backend
@@ -81,13 +86,13 @@ class TrainableModel(Model):
         self.api_key = backend.api_key
 
     @property
-    def backend(self) -> Any:
+    def backend(self) -> Backend:
         if self._backend is None:
             raise RuntimeError(f"model {self.name!r} is not registered: await model.register(backend) first")
         return self._backend
 
     @property
-    def tracker(self) -> Any:
+    def tracker(self) -> Tracker:
         """The model's MLflow run (a RayBackend's; with an HTTPBackend the server tracks)."""
         return self.backend.tracker(self)
 
@@ -106,36 +111,41 @@ class TrainableModel(Model):
 
     async def train_stream(
         self, groups: list[TrajectoryGroup], config: TrainConfig | None = None
-    ) -> AsyncIterator[dict[str, float]]:
-        """Train one step, yielding each gradient step's metrics as it finishes (the last item is the
-        summary with the new `step`); returns when every replica serves the new step."""
-        async for metrics in self.backend.train(self, groups, config or TrainConfig()):
-            yield metrics
+    ) -> AsyncIterator[TrainEvent]:
+        """Train one step, yielding each GradientStep as it finishes, then the TrainResult (the new step,
+        served by every replica by then)."""
+        async for event in self.backend.train(self, groups, config or TrainConfig()):
+            yield event
 
     async def train(
         self, groups: list[TrajectoryGroup], config: TrainConfig | None = None, verbose: bool = True
     ) -> int:
         """Train one step on the groups; returns the new step (served by every replica on return).
-        The gradient steps' metrics are in `model.last_train_metrics` and MLflow."""
+        Each gradient step's metrics are in `model.last_train_metrics`, the call's TrainResult in
+        `model.last_train_result`, and both in MLflow."""
         config = config or TrainConfig()
         bar = tqdm(total=config.num_gradient_steps, desc="train", disable=not verbose)
         gradient_steps: list[dict[str, float]] = []
-        summary: dict[str, float] = {}
-        async for metrics in self.train_stream(groups, config):
-            if "step" in metrics:
-                summary = metrics
-                continue
-            gradient_steps.append(metrics)
-            bar.set_postfix(loss=metrics.get("loss/train"), grad_norm=metrics.get("loss/grad_norm"))
-            bar.update(1)
+        result: TrainResult | None = None
+        async for event in self.train_stream(groups, config):
+            if isinstance(event, GradientStep):
+                gradient_steps.append(event.metrics)
+                bar.set_postfix(
+                    loss=event.metrics.get("loss/train"), grad_norm=event.metrics.get("loss/grad_norm")
+                )
+                bar.update(1)
+            else:
+                result = event
         bar.close()
+        if result is None:
+            raise RuntimeError(f"the train call of {self.name!r} ended without a result")
         self.last_train_metrics = gradient_steps
-        self.last_train_summary = summary
-        return int(summary["step"])
+        self.last_train_result = result
+        return result.step
 
-    # the last train call's gradient-step metrics, and its summary (step, checkpoint and publish time)
+    # the last train call's gradient-step metrics, and its result (step, averaged metrics, checkpoint)
     last_train_metrics: list[dict[str, float]] = pydantic.Field(default_factory=list, exclude=True)
-    last_train_summary: dict[str, float] = pydantic.Field(default_factory=dict, exclude=True)
+    last_train_result: TrainResult | None = pydantic.Field(default=None, exclude=True)
 
     async def log(self, groups: list[TrajectoryGroup], split: str = "val") -> dict[str, float]:
         """Log reward metrics of `groups` at the current step to MLflow and save them as Parquet."""

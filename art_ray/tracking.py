@@ -78,16 +78,6 @@ class Tracker:
         return {m.step: m.value for m in self._client.get_metric_history(self.run_id, metric)}
 
 
-def train_step_metrics(gradient_steps: list[dict[str, float]], summary: dict[str, float]) -> dict[str, float]:
-    """What MLflow records at the new step of a train call: each metric averaged over the gradient
-    steps, plus the call's summary (checkpoint and publish times; the step itself is the x-axis)."""
-    names = {name for metrics in gradient_steps for name in metrics}
-    averaged = {
-        name: statistics.fmean(m[name] for m in gradient_steps if name in m) for name in sorted(names)
-    }
-    return {**averaged, **{name: value for name, value in summary.items() if name != "step"}}
-
-
 def save_trajectories(model_dir: str, split: str, step: int, groups: list[TrajectoryGroup]) -> str:
     path = f"{model_dir}/trajectories/{split}/{step:04d}.parquet"
     write_trajectory_groups(groups, path)

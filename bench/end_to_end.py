@@ -62,7 +62,7 @@ async def train_step(model, groups: list) -> dict:
     started = time.perf_counter()
     await model.train(groups, TrainConfig(learning_rate=LEARNING_RATE), verbose=False)
     total_s = time.perf_counter() - started
-    summary = model.last_train_summary
+    summary = model.last_train_result.metrics
     train_s = sum(m["time/step_seconds"] for m in model.last_train_metrics)
     checkpoint_s, publish_s = summary["time/checkpoint_seconds"], summary["time/publish_seconds"]
     return {

@@ -23,10 +23,12 @@ from factories import TINY_CONFIG
 from openai.types.chat.chat_completion import Choice
 
 from art_ray import (
+    GradientStep,
     HTTPBackend,
     RemoteTrainingError,
     TrainableModel,
     TrainConfig,
+    TrainResult,
     Trajectory,
     TrajectoryGroup,
     read_trajectory_groups,
@@ -131,8 +133,9 @@ async def test_train_streams_each_gradient_step_and_serves_the_new_step(register
         m async for m in model.train_stream(groups, TrainConfig(learning_rate=1e-3, num_gradient_steps=2))
     ]
     assert len(lines) == 3
-    assert all("loss/train" in line and "step" not in line for line in lines[:2])
-    assert lines[2]["step"] == 1.0 and "time/publish_seconds" in lines[2]
+    assert all(isinstance(line, GradientStep) and "loss/train" in line.metrics for line in lines[:2])
+    assert isinstance(lines[2], TrainResult) and lines[2].step == 1
+    assert "time/publish_seconds" in lines[2].metrics and "loss/train" in lines[2].metrics
     assert await model.get_step() == 1
     served = await model.openai_client().chat.completions.create(
         model=model.get_inference_name(1), messages=[{"role": "user", "content": "Hi"}], max_tokens=4

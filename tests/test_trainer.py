@@ -78,8 +78,10 @@ def greedy(app, model: str) -> str:
     return response.choices[0].message.content
 
 
-async def run_train(group: TrainerGroup, groups, config: TrainConfig) -> list[dict[str, float]]:
-    return [metrics async for metrics in group.train(groups, config)]
+async def run_train(group: TrainerGroup, groups, config: TrainConfig) -> list:
+    """The gradient steps' metrics, then the TrainResult."""
+    events = [event async for event in group.train(groups, config)]
+    return [event.metrics for event in events[:-1]] + [events[-1]]
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +119,8 @@ def test_train_streams_metrics_publishes_and_the_served_model_changes(
             assert math.isfinite(step[key]), key
         assert step["loss/grad_norm"] > 0
         assert step["data/step_num_groups_trainable"] >= 1
-    assert summary["step"] == 1
+    assert summary.step == 1 and summary.checkpoint_path.endswith("/checkpoints/0001")
+    assert summary.metrics["loss/train"] == pytest.approx(sum(s["loss/train"] for s in steps) / 2)
     ids = [
         m.id
         for m in openai.OpenAI(base_url=inference_app.base_url, api_key=inference_app.api_key).models.list()

@@ -27,10 +27,12 @@ from art_ray.remote.protocol import (
     TrainStreamLine,
 )
 from art_ray.train_config import TrainConfig
+from art_ray.train_result import TrainEvent
 from art_ray.trajectories import TrajectoryGroup
 
 if TYPE_CHECKING:
     from art_ray.model import TrainableModel
+    from art_ray.tracking import Tracker
 
 Reply = TypeVar("Reply", bound=pydantic.BaseModel)
 
@@ -98,8 +100,8 @@ class HTTPBackend:
 
     async def train(
         self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig
-    ) -> AsyncIterator[dict[str, float]]:
-        """Yield each gradient step's metrics as the server streams them; the last has the new `step`."""
+    ) -> AsyncIterator[TrainEvent]:
+        """Yield each gradient step as the server streams it, then the TrainResult."""
         body = TrainRequest(model=model.name, groups=groups, config=config)
         async with (
             self._client() as client,
@@ -119,9 +121,11 @@ class HTTPBackend:
                 line = TrainStreamLine.model_validate_json(text)
                 if line.error is not None:
                     raise RemoteTrainingError(line.error.code, line.error.type, line.error.message)
-                if line.metrics is not None:
-                    finished = "step" in line.metrics
-                    yield line.metrics
+                if line.gradient_step is not None:
+                    yield line.gradient_step
+                if line.result is not None:
+                    finished = True
+                    yield line.result
         if not finished:
             raise RemoteTrainingError(502, "stream_error", "the train stream ended before the step finished")
 
@@ -142,7 +146,7 @@ class HTTPBackend:
             raise BackendError(f"model {model.name!r} is not registered: await model.register(backend) first")
         return self._model_dirs[model.name]
 
-    def tracker(self, model: TrainableModel) -> Any:
+    def tracker(self, model: TrainableModel) -> Tracker:
         raise BackendError(
             f"an HTTPBackend's metrics are tracked by the server (MLflow at {self.tracking_uri}); "
             "model.log() and model.train() record them there"

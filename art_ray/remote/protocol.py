@@ -4,7 +4,7 @@ arrival (never pickle); errors use the OpenAI error shape the inference routes u
 Routes (under the training app's prefix, `/_art` by default), all POST with a JSON body:
 - `/register` ModelSpec -> RegisterResponse
 - `/train` TrainRequest -> newline-delimited JSON: one TrainStreamLine per gradient step, then one with
-  the new `step`; a failure after the stream started arrives as a line with `error`
+  the TrainResult; a failure after the stream started arrives as a line with `error`
 - `/log` LogRequest -> LogResponse
 - `/step` ModelRef -> StepResponse
 - `/delete_checkpoints` DeleteCheckpointsRequest -> DeleteCheckpointsResponse
@@ -20,6 +20,7 @@ import pydantic
 from art_ray.adapters.lora_files import validate_model_name
 from art_ray.model_config import ModelConfig
 from art_ray.train_config import TrainConfig
+from art_ray.train_result import GradientStep, TrainResult
 from art_ray.trajectories import TrajectoryGroup
 
 if TYPE_CHECKING:
@@ -112,8 +113,9 @@ class ErrorBody(_Message):
 
 
 class TrainStreamLine(_Message):
-    """One line of the /train stream: a gradient step's `metrics` (the last line's carry `step`), or an
+    """One line of the /train stream: a `gradient_step`, the call's `result` (the last line), or an
     `error`."""
 
-    metrics: dict[str, float] | None = None
+    gradient_step: GradientStep | None = None
+    result: TrainResult | None = None
     error: ErrorBody | None = None

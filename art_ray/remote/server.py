@@ -31,6 +31,7 @@ from art_ray.remote.protocol import (
     TrainRequest,
     TrainStreamLine,
 )
+from art_ray.train_result import TrainResult
 
 if TYPE_CHECKING:
     from art_ray.model import TrainableModel
@@ -165,8 +166,13 @@ class TrainingServer:
     async def _train_lines(self, model: TrainableModel, body: TrainRequest) -> AsyncIterator[str]:
         async with self.train_locks[model.name]:  # one step at a time per model, in arrival order
             try:
-                async for metrics in self.backend.train(model, body.groups, body.config):
-                    yield TrainStreamLine(metrics=metrics).model_dump_json(exclude_none=True) + "\n"
+                async for event in self.backend.train(model, body.groups, body.config):
+                    line = (
+                        TrainStreamLine(result=event)
+                        if isinstance(event, TrainResult)
+                        else TrainStreamLine(gradient_step=event)
+                    )
+                    yield line.model_dump_json(exclude_none=True) + "\n"
             except Exception as error:  # headers are sent: the error travels as the stream's last line
                 body_error = ErrorBody(
                     message=f"{type(error).__name__}: {error}", type="training_error", code=500

@@ -20,6 +20,7 @@ from art_ray import storage
 from art_ray.adapters.registry import get_registry, publish_adapter
 from art_ray.placement import PlacementError
 from art_ray.train_config import TrainConfig
+from art_ray.train_result import GradientStep, TrainEvent, TrainResult
 from art_ray.trainer.config import TrainerConfig
 from art_ray.trainer.worker import STATE_FILE, TrainerWorker
 from art_ray.trajectories import TrajectoryGroup
@@ -89,11 +90,9 @@ class TrainerGroup:
             await self._publish(await self._adapter())
         return self.step
 
-    async def train(
-        self, groups: list[TrajectoryGroup], config: TrainConfig
-    ) -> AsyncIterator[dict[str, float]]:
-        """Yield each gradient step's metrics as it finishes; then publish the new step (checkpointing it
-        in the background)."""
+    async def train(self, groups: list[TrajectoryGroup], config: TrainConfig) -> AsyncIterator[TrainEvent]:
+        """Yield each gradient step as it finishes; then publish the new step (checkpointing it in the
+        background) and yield the TrainResult."""
         for group in groups:
             for trajectory in group.trajectories:
                 trajectory.check_trainable()
@@ -106,8 +105,10 @@ class TrainerGroup:
                 for worker in self.workers
             ]
             followers = asyncio.gather(*(self._drain(stream) for stream in streams[1:]))
+            gradient_steps = []
             async for ref in streams[0]:
-                yield await ref
+                gradient_steps.append(GradientStep(metrics=await ref))
+                yield gradient_steps[-1]
             await followers
             self.step = await self.workers[0].get_step.remote()
             adapter = await self._adapter()
@@ -128,11 +129,11 @@ class TrainerGroup:
         start = time.perf_counter()
         if self.publish:
             await self._publish(adapter)
-        yield {
-            "step": float(self.step),
+        timings = {
             "time/checkpoint_seconds": checkpoint_blocked,
             "time/publish_seconds": time.perf_counter() - start,
         }
+        yield TrainResult.of(self.step, gradient_steps, timings, checkpoint_path=folder)
 
     async def wait_for_checkpoint(self) -> None:
         """Until the last train call's checkpoint is complete on storage."""

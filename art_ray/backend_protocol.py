@@ -1,0 +1,44 @@
+"""The one seam between the SDK (`TrainableModel`) and what serves and trains it: RayBackend on a Ray
+cluster, HTTPBackend through a training server. ART 0.5's `art.Backend` is the model; this one keeps
+art-ray's verbs (`train` streams each gradient step, then the TrainResult)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from art_ray.model import TrainableModel
+    from art_ray.tracking import Tracker
+    from art_ray.train_config import TrainConfig
+    from art_ray.train_result import TrainEvent
+    from art_ray.trajectories import TrajectoryGroup
+
+
+@runtime_checkable
+class Backend(Protocol):
+    # the OpenAI-compatible endpoint the registered models are served at, and its key
+    base_url: str | None
+    api_key: str | None
+
+    async def register(self, model: TrainableModel) -> None: ...
+
+    def train(
+        self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig
+    ) -> AsyncIterator[TrainEvent]:
+        """One step: a GradientStep per optimizer step as it finishes, then the TrainResult."""
+        ...
+
+    async def log(
+        self, model: TrainableModel, groups: list[TrajectoryGroup], split: str
+    ) -> dict[str, float]: ...
+
+    async def get_step(self, model: TrainableModel) -> int: ...
+
+    async def delete_checkpoints(self, model: TrainableModel, best_checkpoint_metric: str) -> list[int]: ...
+
+    def model_dir(self, model: TrainableModel) -> str: ...
+
+    def tracker(self, model: TrainableModel) -> Tracker: ...
+
+    def shutdown(self) -> None: ...
