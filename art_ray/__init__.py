@@ -1,17 +1,24 @@
-"""art-ray: train LLM agents with reinforcement learning on Ray (an ART-compatible API)."""
+"""art-ray: train LLM agents with reinforcement learning on Ray (an ART-compatible API).
 
-from art_ray.adapters.lora_files import LoRASpec
-from art_ray.backend import BackendError, RayBackend
+`import art_ray` loads the SDK's types, configs and the HTTPBackend (pydantic, openai, httpx), never torch,
+ray, vllm or deepspeed: a driver that trains through a training server needs none of them. What needs Ray
+or pyarrow (RayBackend, remote_rollout, the Parquet helpers) is imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from art_ray.adapters.spec import LoRASpec
 from art_ray.backend_protocol import Backend
 from art_ray.dataset import DatasetBatch, iterate_dataset
-from art_ray.errors import ArtRayError, MissingTokenDataError, ModelPreparationError
+from art_ray.errors import ArtRayError, BackendError, MissingTokenDataError, ModelPreparationError
 from art_ray.gather import TooManyExceptionsError, gather_trajectory_groups
 from art_ray.model import Model, TrainableModel
 from art_ray.model_config import ModelConfig
-from art_ray.parquet import read_trajectory_groups, write_trajectory_groups
 from art_ray.placement import PlacementError
 from art_ray.remote.client import HTTPBackend, RemoteTrainingError
-from art_ray.remote_rollout import remote_rollout
 from art_ray.train_config import TrainConfig
 from art_ray.train_result import GradientStep, TrainResult
 from art_ray.trajectories import (
@@ -23,6 +30,27 @@ from art_ray.trajectories import (
     get_messages,
     sampled_tokens,
 )
+
+if TYPE_CHECKING:
+    from art_ray.backend import RayBackend
+    from art_ray.parquet import read_trajectory_groups, write_trajectory_groups
+    from art_ray.remote_rollout import remote_rollout
+
+_ON_FIRST_USE = {
+    "RayBackend": "art_ray.backend",
+    "remote_rollout": "art_ray.remote_rollout",
+    "read_trajectory_groups": "art_ray.parquet",
+    "write_trajectory_groups": "art_ray.parquet",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _ON_FIRST_USE:
+        raise AttributeError(f"module 'art_ray' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_ON_FIRST_USE[name]), name)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 

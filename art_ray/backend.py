@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import ray
 
+from art_ray.errors import BackendError
 from art_ray.models import default_tool_call_parser, resolve_base_model
 from art_ray.placement import ModelPlan, PlacementError, cluster_shapes, plan_model, wait_placeable
 from art_ray.role_configs import serving_config, trainer_config
@@ -27,10 +28,6 @@ from art_ray.trajectories import TrajectoryGroup
 if TYPE_CHECKING:
     from art_ray.model import TrainableModel
     from art_ray.trainer.group import TrainerGroup
-
-
-class BackendError(RuntimeError):
-    pass
 
 
 def _driver_code_path() -> str:

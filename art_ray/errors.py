@@ -11,3 +11,7 @@ class MissingTokenDataError(ArtRayError, ValueError):
 
 class ModelPreparationError(ArtRayError, RuntimeError):
     """A local base model could not be built (a missing package, a failed check)."""
+
+
+class BackendError(ArtRayError, RuntimeError):
+    """A backend refused a call (a model not registered, or one its engines cannot serve)."""

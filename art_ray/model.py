@@ -9,16 +9,17 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import pydantic
-from openai import AsyncOpenAI
 from tqdm.auto import tqdm
 
-from art_ray.adapters.lora_files import validate_model_name, versioned_name
+from art_ray.adapters.spec import validate_model_name, versioned_name
 from art_ray.model_config import ModelConfig
 from art_ray.train_config import TrainConfig
 from art_ray.train_result import GradientStep, TrainEvent, TrainResult
 from art_ray.trajectories import TrajectoryGroup
 
 if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
     from art_ray.backend_protocol import Backend
     from art_ray.tracking import Tracker
 
@@ -30,6 +31,8 @@ _CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, Async
 def shared_client(base_url: str | None, api_key: str | None) -> AsyncOpenAI:
     """One client per (event loop, endpoint, key) in this process; also in remote rollout workers,
     where every call brings its own copy of the model."""
+
+    from openai import AsyncOpenAI
 
     def new() -> AsyncOpenAI:
         return AsyncOpenAI(base_url=base_url, api_key=api_key or "unused", max_retries=2, timeout=1200)

@@ -6,7 +6,7 @@ from typing import Literal
 
 import pydantic
 
-from art_ray.adapters.lora_files import LoRASpec
+from art_ray.adapters.spec import LoRASpec
 
 
 class ModelConfig(pydantic.BaseModel):

@@ -10,24 +10,40 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
 import time
 import traceback
 from collections.abc import AsyncGenerator, Awaitable, Iterable, Iterator
 from contextlib import asynccontextmanager
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 import pydantic
-from openai.types.chat.chat_completion import Choice
 
 from art_ray.errors import MissingTokenDataError
 
+if TYPE_CHECKING:
+    from openai.types.chat.chat_completion import Choice
+
 Message = dict[str, Any]
-MessageOrChoice = Message | Choice
-MessagesAndChoices = list[MessageOrChoice]
+MessagesAndChoices = list[Any]  # each item a Message dict or an openai Choice (checked by the validator)
 Tools = list[dict[str, Any]]
 MetadataValue = float | int | str | bool | None
 
 MESSAGE_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+@cache
+def _choice_type() -> type[Choice]:
+    """openai's Choice, imported on first use: importing openai takes ~0.5 s, and a driver that only
+    builds configs (or an HTTPBackend with dict messages) never needs it."""
+    from openai.types.chat.chat_completion import Choice
+
+    return Choice
+
+
+def is_choice(item: Any) -> bool:
+    return "openai" in sys.modules and isinstance(item, _choice_type())
 
 
 def _looks_like_choice(item: Any) -> bool:
@@ -58,10 +74,10 @@ def _coerce_messages_and_choices(value: Any) -> Any:
         return value
     coerced: list[Any] = []
     for index, item in enumerate(value):
-        if isinstance(item, Choice):
+        if is_choice(item):
             coerced.append(item)
         elif _looks_like_choice(item):
-            coerced.append(Choice.model_validate(item))
+            coerced.append(_choice_type().model_validate(item))
         elif isinstance(item, dict):
             _validate_message(index, item)
             coerced.append(item)
@@ -129,7 +145,7 @@ def get_messages(messages_and_choices: MessagesAndChoices) -> list[Message]:
     """The conversation as plain message dicts (choices become assistant messages)."""
     messages: list[Message] = []
     for item in messages_and_choices:
-        if isinstance(item, Choice):
+        if is_choice(item):
             message: Message = {"role": "assistant", "content": item.message.content or ""}
             if item.message.tool_calls:
                 message["tool_calls"] = [call.model_dump() for call in item.message.tool_calls]
@@ -170,7 +186,7 @@ class _ConversationModel(pydantic.BaseModel):
         return get_messages(self.messages_and_choices)
 
     def trainable_choices(self) -> list[Choice]:
-        return [item for item in self.messages_and_choices if isinstance(item, Choice)]
+        return [item for item in self.messages_and_choices if is_choice(item)]
 
 
 class History(_ConversationModel):

@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from common import free_port, median, print_result, print_table, start_local_ray  # noqa: E402
 
-from art_ray.adapters.lora_files import LoRASpec, adapter_shapes, initial_adapter, write_peft_adapter  # noqa: E402
+from art_ray.adapters.lora_files import adapter_shapes, initial_adapter, write_peft_adapter  # noqa: E402
+from art_ray.adapters.spec import LoRASpec  # noqa: E402
 from art_ray.models import resolve_base_model  # noqa: E402
 from art_ray.serving.config import ServingConfig  # noqa: E402
 from art_ray.serving.engine_config import EngineConfig  # noqa: E402

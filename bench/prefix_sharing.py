@@ -40,7 +40,8 @@ def measure(block_size: int, rounds: int, threads: int) -> dict:
     os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:threads])  # the engine's processes inherit it
     from tasks import TRAIN_QUESTIONS, messages_for
 
-    from art_ray.adapters.lora_files import LoRASpec, initial_adapter, write_peft_adapter
+    from art_ray.adapters.lora_files import initial_adapter, write_peft_adapter
+    from art_ray.adapters.spec import LoRASpec
     from art_ray.models import resolve_base_model
     from art_ray.serving.engine_config import EngineConfig
 

@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from common import free_port, print_result, print_table, start_local_ray  # noqa: E402
 
-from art_ray.adapters.lora_files import LoRASpec, initial_adapter, write_peft_adapter  # noqa: E402
+from art_ray.adapters.lora_files import initial_adapter, write_peft_adapter  # noqa: E402
+from art_ray.adapters.spec import LoRASpec  # noqa: E402
 from art_ray.models import resolve_base_model  # noqa: E402
 from art_ray.serving.engine_config import EngineConfig  # noqa: E402
 

@@ -89,7 +89,7 @@ def groups_from(data: dict) -> list:
 
 async def art_ray_tokens_per_second(base_model: str, data: dict, args: argparse.Namespace) -> dict:
     from art_ray import ModelConfig, TrainConfig
-    from art_ray.adapters.lora_files import LoRASpec
+    from art_ray.adapters.spec import LoRASpec
     from art_ray.placement import Reservation
     from art_ray.trainer.config import TrainerConfig
     from art_ray.trainer.group import TrainerGroup

@@ -61,8 +61,9 @@ class InferenceApp:
 def inference_app(ray_cluster, tmp_path_factory) -> InferenceApp:
     import torch
 
-    from art_ray.adapters.lora_files import LoRASpec, initial_adapter, write_peft_adapter
+    from art_ray.adapters.lora_files import initial_adapter, write_peft_adapter
     from art_ray.adapters.registry import publish_adapter
+    from art_ray.adapters.spec import LoRASpec
     from art_ray.models import TINY, default_tool_call_parser, prepare
     from art_ray.serving.config import ServedCheckpoint, ServingConfig
     from art_ray.serving.engine_config import EngineConfig

@@ -14,8 +14,9 @@ import torch
 from ray import serve
 
 from art_ray import Trajectory, sampled_tokens
-from art_ray.adapters.lora_files import LoRASpec, adapter_shapes
+from art_ray.adapters.lora_files import adapter_shapes
 from art_ray.adapters.registry import publish_adapter
+from art_ray.adapters.spec import LoRASpec
 from art_ray.serving.replica import DEPLOYMENT_NAME
 
 pytestmark = pytest.mark.slow

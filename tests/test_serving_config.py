@@ -6,7 +6,7 @@ import pydantic
 import pytest
 import yaml
 
-from art_ray.adapters.lora_files import InvalidModelNameError, parse_versioned_name, versioned_name
+from art_ray.adapters.spec import InvalidModelNameError, parse_versioned_name, versioned_name
 from art_ray.serving.config import ServingConfig
 from art_ray.serving.engine_config import EngineConfig
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from art_ray import ModelConfig, TrainConfig, Trajectory, TrajectoryGroup, sampled_tokens
-from art_ray.adapters.lora_files import LoRASpec
+from art_ray.adapters.spec import LoRASpec
 from art_ray.placement import Reservation
 from art_ray.trainer.config import TrainerConfig
 from art_ray.trainer.group import TrainerGroup

@@ -18,7 +18,8 @@ import pydantic
 import ray
 from ray.serve.exceptions import RayServeException
 
-from art_ray.adapters.lora_files import LoRASpec, PackedAdapter, pack_adapter, validate_model_name
+from art_ray.adapters.lora_files import PackedAdapter, pack_adapter
+from art_ray.adapters.spec import LoRASpec, validate_model_name
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import httpx
 import pydantic
 
-from art_ray.backend import BackendError
-from art_ray.errors import ArtRayError
+from art_ray.errors import ArtRayError, BackendError
 from art_ray.remote.protocol import (
     DEFAULT_ROUTE_PREFIX,
     DeleteCheckpointsRequest,

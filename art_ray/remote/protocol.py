@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import pydantic
 
-from art_ray.adapters.lora_files import validate_model_name
+from art_ray.adapters.spec import validate_model_name
 from art_ray.model_config import ModelConfig
 from art_ray.train_config import TrainConfig
 from art_ray.train_result import GradientStep, TrainResult

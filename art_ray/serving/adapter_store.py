@@ -9,8 +9,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from art_ray.adapters.lora_files import unpack_adapter, versioned_name, write_peft_adapter
+from art_ray.adapters.lora_files import unpack_adapter, write_peft_adapter
 from art_ray.adapters.registry import AdapterVersion
+from art_ray.adapters.spec import versioned_name
 
 logger = logging.getLogger(__name__)
 

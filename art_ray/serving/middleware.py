@@ -15,7 +15,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from art_ray.adapters.lora_files import InvalidModelNameError, parse_versioned_name, versioned_name
+from art_ray.adapters.spec import InvalidModelNameError, parse_versioned_name, versioned_name
 from art_ray.serving.vllm_app import BASE_MODEL_NAME
 
 Scope = dict[str, Any]

@@ -13,8 +13,8 @@ from ray import serve
 from starlette.middleware import Middleware
 
 from art_ray import storage
-from art_ray.adapters.lora_files import validate_model_name
 from art_ray.adapters.registry import AdapterVersion, get_registry
+from art_ray.adapters.spec import validate_model_name
 from art_ray.colocation import EngineHandover
 from art_ray.serving.adapter_store import AdapterStore
 from art_ray.serving.config import ServedCheckpoint, ServingConfig

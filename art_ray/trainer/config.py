@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pydantic
 
-from art_ray.adapters.lora_files import validate_model_name
+from art_ray.adapters.spec import validate_model_name
 from art_ray.model_config import ModelConfig
 from art_ray.placement import Device, Reservation
 
