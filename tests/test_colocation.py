@@ -43,6 +43,41 @@ def engine_processes(app_name: str) -> list[psutil.Process]:
     raise AssertionError(f"no replica process of app {app_name!r}")
 
 
+def all_cpu_seconds() -> dict[tuple[int, str], float]:
+    """CPU seconds of every process now (for the report: where the cores went during a phase)."""
+    seconds = {}
+    for process in psutil.process_iter(["name", "cpu_times"]):
+        times = process.info["cpu_times"]
+        if times is not None:
+            seconds[(process.pid, process.info["name"])] = times.user + times.system
+    return seconds
+
+
+def top_consumers(before: dict[tuple[int, str], float], after: dict[tuple[int, str], float]) -> str:
+    deltas = sorted(((after[key] - before.get(key, 0.0), key) for key in after), reverse=True)[:5]
+    return ", ".join(f"{name}[{pid}] {delta:.2f}" for delta, (pid, name) in deltas)
+
+
+def threads_and_cores(processes: list[psutil.Process]) -> str:
+    return ", ".join(f"{p.name()}: {p.num_threads()} threads on cores {p.cpu_affinity()}" for p in processes)
+
+
+def thread_seconds(process: psutil.Process) -> dict[int, float]:
+    return {thread.id: thread.user_time + thread.system_time for thread in process.threads()}
+
+
+def busiest_threads(before: dict[int, float], after: dict[int, float]) -> str:
+    deltas = sorted(((after[tid] - before.get(tid, 0.0), tid) for tid in after), reverse=True)[:3]
+    return " / ".join(f"{delta:.2f} on {_thread_cores(tid)}" for delta, tid in deltas)
+
+
+def _thread_cores(tid: int) -> list[int] | str:
+    try:
+        return sorted(os.sched_getaffinity(tid))
+    except OSError:
+        return "?"
+
+
 async def trainer_process(backend, model) -> psutil.Process:
     worker = backend._trainers[model.name].workers[0]
     return psutil.Process(await worker.__ray_call__.remote(lambda self: os.getpid()))
@@ -72,9 +107,18 @@ async def test_each_phase_gets_every_core_and_the_idle_side_sleeps(smollm2_model
 
     prompts = ["Describe the sea.", "Describe a forest.", "Describe a city.", "Describe the sky."]
     await sample_groups(model, prompts[:1], samples=2)  # the engine's first requests warm it up, unmeasured
+    everyone_before, worker_threads_before = all_cpu_seconds(), thread_seconds(engine[-1])
+    machine_before = psutil.cpu_times()
     before = (cpu_seconds(engine), cpu_seconds([trainer]), time.perf_counter())
     groups = await sample_groups(model, prompts, samples=6)
     after = (cpu_seconds(engine), cpu_seconds([trainer]), time.perf_counter())
+    sampling_consumers = top_consumers(everyone_before, all_cpu_seconds())
+    worker_threads = busiest_threads(worker_threads_before, thread_seconds(engine[-1]))
+    machine_after = psutil.cpu_times()
+    machine = {
+        field: getattr(machine_after, field, 0.0) - getattr(machine_before, field, 0.0)
+        for field in ("user", "nice", "system", "idle", "steal", "iowait")
+    }
     sampling_s = after[2] - before[2]
     engine_sampling, trainer_sampling = after[0] - before[0], after[1] - before[1]
 
@@ -91,7 +135,9 @@ async def test_each_phase_gets_every_core_and_the_idle_side_sleeps(smollm2_model
     report = (
         f"sampling {sampling_s:.2f} s: engine {engine_sampling:.2f} CPU s, trainer {trainer_sampling:.2f}; "
         f"training {training_s:.2f} s: engine {engine_training:.2f} CPU s, trainer {trainer_training:.2f}, "
-        f"idle cores {(idle_b - idle_a) / training_s:.2f}"
+        f"idle cores {(idle_b - idle_a) / training_s:.2f}; CPU seconds while sampling: {sampling_consumers}; "
+        f"{threads_and_cores(engine)}; the worker's busiest threads while sampling: {worker_threads} CPU s; "
+        f"machine while sampling: { {k: round(v, 2) for k, v in machine.items()} }"
     )
     print(report)
     # the idle side sleeps: neither spins nor polls while the other runs
