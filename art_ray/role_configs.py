@@ -45,7 +45,7 @@ def serving_config(
         replica_cpus=plan.replica.num_cpus,
         replica_gpus=plan.replica.num_gpus,
         replica_resources=plan.replica.resources,
-        **config.model_dump(include=_shared(ServingConfig) - {"tool_call_parser", *_PLANNED}),
+        **config.model_dump(include=_shared(ServingConfig) - {"tool_call_parser"}),
         tool_call_parser=config.tool_call_parser or tool_call_parser,
     )
 
