@@ -49,7 +49,7 @@ def measure(block_size: int, rounds: int, threads: int) -> dict:
     config = EngineConfig(
         model=model,
         device="cpu",
-        threads=threads,
+        threads=None,  # every core of the mask above, a worker thread pinned to each (as colocated)
         block_size=block_size,
         max_model_len=512,
         colocated=True,

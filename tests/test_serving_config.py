@@ -1,5 +1,6 @@
 """Pure configuration logic of the serving layer (no engine)."""
 
+import os
 from pathlib import Path
 
 import pydantic
@@ -24,6 +25,14 @@ def test_engine_kwargs_for_cpu_and_gpu() -> None:
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "OMP_NUM_THREADS": "1",
     }
+    every_core = EngineConfig(model="/m", device="cpu").env_vars()
+    cores = sorted(os.sched_getaffinity(0))
+    assert every_core["VLLM_CPU_OMP_THREADS_BIND"] == ",".join(map(str, cores))
+    assert every_core["OMP_NUM_THREADS"] == str(len(cores))
+    assert "libgomp" in every_core["LD_PRELOAD"]  # vLLM then pins one worker thread per listed core
+    assert EngineConfig(model="/m", device="cpu", cpu_threads_bind="auto").env_vars()[
+        "VLLM_CPU_OMP_THREADS_BIND"
+    ] == "auto"
     gpu = EngineConfig(model="/m", device="gpu", tensor_parallel_size=2, gpu_memory_utilization=0.7)
     kwargs = gpu.vllm_kwargs()
     assert (kwargs["dtype"], kwargs["tensor_parallel_size"], kwargs["gpu_memory_utilization"]) == (

@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 import pydantic
 
+from art_ray.cpu_threads import engine_openmp_env
+
 CPU_BLOCK_SIZE = 32
 
 
@@ -37,9 +39,10 @@ class EngineConfig(pydantic.BaseModel):
     # GPU only
     tensor_parallel_size: int = pydantic.Field(default=1, ge=1)
     gpu_memory_utilization: float = pydantic.Field(default=0.85, gt=0, le=1)
-    # CPU only: KV cache size in GiB, and how vLLM binds its OpenMP threads ("auto", "nobind", "0-3").
+    # CPU only: KV cache size in GiB, and vLLM's VLLM_CPU_OMP_THREADS_BIND ("auto", "nobind", "0-3"); None:
+    # art-ray pins one worker thread per core when the engine has every core (art_ray/cpu_threads.py).
     cpu_kvcache_space_gib: int = pydantic.Field(default=1, ge=1)
-    cpu_threads_bind: str = "nobind"
+    cpu_threads_bind: str | None = None
     # CPU threads of the engine's torch ops (ModelConfig.engine_threads); None: every core of the node the
     # replica runs on.
     threads: int | None = pydantic.Field(default=None, ge=1)
@@ -81,14 +84,11 @@ class EngineConfig(pydantic.BaseModel):
         that runs the engine (every core: the cores this process may run on)."""
         if self.resolved_device != "cpu":
             return {}
-        threads = self.threads or len(os.sched_getaffinity(0))
-        env = {
+        return {
             "VLLM_CPU_KVCACHE_SPACE": str(self.cpu_kvcache_space_gib),
             "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-            "VLLM_CPU_OMP_THREADS_BIND": self.cpu_threads_bind,
-            "OMP_NUM_THREADS": str(threads),
+            **engine_openmp_env(self.threads, self.cpu_threads_bind),
         }
-        return env
 
     def apply_env(self) -> None:
         os.environ.update(self.env_vars())

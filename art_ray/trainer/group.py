@@ -18,6 +18,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from art_ray import storage
 from art_ray.adapters.registry import get_registry, publish_adapter
+from art_ray.cpu_threads import trainer_openmp_env
 from art_ray.placement import PlacementError
 from art_ray.train_config import TrainConfig
 from art_ray.train_result import GradientStep, TrainEvent, TrainResult
@@ -48,7 +49,8 @@ class TrainerGroup:
         # Ray rejects all-zero bundles; a rank that reserves nothing still needs a place to stand
         bundle = config.rank.demand() or {"CPU": 0.001}
         self._placement_group = placement_group([bundle] * config.settings.world_size, strategy="PACK")
-        env = {} if config.threads is None else {"OMP_NUM_THREADS": str(config.threads)}
+        # CPU ranks on every core pin a thread per core; a GPU rank only caps its host threads
+        env = trainer_openmp_env(config.threads) if config.device == "cpu" or config.threads else {}
         self.workers = [
             ray.remote(TrainerWorker)
             .options(

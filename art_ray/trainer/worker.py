@@ -17,6 +17,7 @@ import torch
 
 from art_ray import storage
 from art_ray.colocation import TrainerHandover
+from art_ray.cpu_threads import every_core_threads
 from art_ray.train_config import TrainConfig
 from art_ray.trainer.batches import tokenize_groups
 from art_ray.trainer.config import TrainerConfig
@@ -64,8 +65,9 @@ class TrainerWorker:
         self.config = config
         self.settings = config.settings
         self.rank = rank
-        # None: every core this process may run on (colocated: the engine waits while we train)
-        self.threads = config.threads or len(os.sched_getaffinity(0))
+        # None: every core this process may run on, a thread pinned to each (colocated: the engine waits
+        # while we train)
+        self.threads = config.threads or every_core_threads()
         torch.set_num_threads(self.threads)
         torch.manual_seed(self.settings.seed)
         self.on_gpu = config.device == "gpu"
