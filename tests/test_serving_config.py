@@ -30,9 +30,12 @@ def test_engine_kwargs_for_cpu_and_gpu() -> None:
     assert every_core["VLLM_CPU_OMP_THREADS_BIND"] == ",".join(map(str, cores))
     assert every_core["OMP_NUM_THREADS"] == str(len(cores))
     assert "libgomp" in every_core["LD_PRELOAD"]  # vLLM then pins one worker thread per listed core
-    assert EngineConfig(model="/m", device="cpu", cpu_threads_bind="auto").env_vars()[
-        "VLLM_CPU_OMP_THREADS_BIND"
-    ] == "auto"
+    assert (
+        EngineConfig(model="/m", device="cpu", cpu_threads_bind="auto").env_vars()[
+            "VLLM_CPU_OMP_THREADS_BIND"
+        ]
+        == "auto"
+    )
     gpu = EngineConfig(model="/m", device="gpu", tensor_parallel_size=2, gpu_memory_utilization=0.7)
     kwargs = gpu.vllm_kwargs()
     assert (kwargs["dtype"], kwargs["tensor_parallel_size"], kwargs["gpu_memory_utilization"]) == (
