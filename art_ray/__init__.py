@@ -19,7 +19,7 @@ from art_ray.model import Model, TrainableModel
 from art_ray.model_config import ModelConfig
 from art_ray.placement import PlacementError
 from art_ray.remote.client import HTTPBackend, RemoteTrainingError
-from art_ray.train_config import TrainConfig
+from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.train_result import GradientStep, TrainResult
 from art_ray.trajectories import (
     History,
@@ -32,11 +32,15 @@ from art_ray.trajectories import (
 )
 
 if TYPE_CHECKING:
+    from art_ray.art_backend import ARTBackend, UnsupportedTrainArgumentError
     from art_ray.backend import RayBackend
     from art_ray.parquet import read_trajectory_groups, write_trajectory_groups
     from art_ray.remote_rollout import remote_rollout
 
 _ON_FIRST_USE = {
+    # needs openpipe-art (`pip install "art-ray[art]"`)
+    "ARTBackend": "art_ray.art_backend",
+    "UnsupportedTrainArgumentError": "art_ray.art_backend",
     "RayBackend": "art_ray.backend",
     "remote_rollout": "art_ray.remote_rollout",
     "read_trajectory_groups": "art_ray.parquet",
@@ -55,6 +59,9 @@ def __getattr__(name: str) -> Any:
 __version__ = "0.1.0"
 
 __all__ = [
+    "ARTBackend",
+    "SFTConfig",
+    "UnsupportedTrainArgumentError",
     "ArtRayError",
     "BackendError",
     "DatasetBatch",

@@ -20,10 +20,10 @@ from art_ray.placement import ModelPlan, PlacementError, cluster_shapes, plan_mo
 from art_ray.role_configs import serving_config, trainer_config
 from art_ray.serving.config import ServingConfig
 from art_ray.tracking import Tracker, group_metrics, save_trajectories
-from art_ray.train_config import TrainConfig
+from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.train_result import TrainEvent, TrainResult
 from art_ray.trainer.config import TrainerConfig
-from art_ray.trajectories import TrajectoryGroup
+from art_ray.trajectories import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from art_ray.model import TrainableModel
@@ -226,7 +226,21 @@ class RayBackend:
         step = trainer.step
         tracker.log_metrics(group_metrics(groups, "train"), step)
         save_trajectories(trainer.config.model_dir(), "train", step, groups)
-        async for event in trainer.train(groups, config):
+        async for event in self._logged(model, trainer.train(groups, config)):
+            yield event
+
+    async def train_sft(
+        self, model: TrainableModel, trajectories: list[Trajectory], config: SFTConfig
+    ) -> AsyncIterator[TrainEvent]:
+        """One supervised step (cross-entropy on the assistant turns), streamed as `train` is."""
+        async for event in self._logged(model, self._trainer(model).train_sft(trajectories, config)):
+            yield event
+
+    async def _logged(
+        self, model: TrainableModel, events: AsyncIterator[TrainEvent]
+    ) -> AsyncIterator[TrainEvent]:
+        tracker = self.tracker(model)
+        async for event in events:
             if isinstance(event, TrainResult):
                 tracker.log_metrics(event.metrics, event.step)
             yield event
@@ -249,22 +263,30 @@ class RayBackend:
 
         return checkpoint_steps(self._trainer(model).config)
 
-    async def delete_checkpoints(self, model: TrainableModel, best_checkpoint_metric: str) -> list[int]:
-        """Delete every checkpoint but the latest and the best by `best_checkpoint_metric` (higher is
-        better); returns the deleted steps."""
+    async def delete_checkpoints(
+        self,
+        model: TrainableModel,
+        best_checkpoint_metric: str = "val/reward",
+        steps_to_keep: list[int] | None = None,
+    ) -> list[int]:
+        """Delete every checkpoint but `steps_to_keep`, or (without it) but the latest and the best by
+        `best_checkpoint_metric` (higher is better); returns the deleted steps."""
         from art_ray import storage
 
         steps = self.checkpoint_steps(model)
         if not steps:
             return []
-        keep = {max(steps)}
-        history = {
-            step: value
-            for step, value in self.tracker(model).history(best_checkpoint_metric).items()
-            if step in steps
-        }
-        if history:
-            keep.add(max(history, key=lambda step: history[step]))
+        if steps_to_keep is not None:
+            keep = set(steps_to_keep)
+        else:
+            keep = {max(steps)}
+            history = {
+                step: value
+                for step, value in self.tracker(model).history(best_checkpoint_metric).items()
+                if step in steps
+            }
+            if history:
+                keep.add(max(history, key=lambda step: history[step]))
         deleted = [step for step in steps if step not in keep]
         for step in deleted:
             storage.delete_dir(self._trainer(model).config.checkpoint_dir(step))

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from art_ray.model import TrainableModel
     from art_ray.tracking import Tracker
-    from art_ray.train_config import TrainConfig
+    from art_ray.train_config import SFTConfig, TrainConfig
     from art_ray.train_result import TrainEvent
-    from art_ray.trajectories import TrajectoryGroup
+    from art_ray.trajectories import Trajectory, TrajectoryGroup
 
 
 @runtime_checkable
@@ -29,13 +29,26 @@ class Backend(Protocol):
         """One step: a GradientStep per optimizer step as it finishes, then the TrainResult."""
         ...
 
+    def train_sft(
+        self, model: TrainableModel, trajectories: list[Trajectory], config: SFTConfig
+    ) -> AsyncIterator[TrainEvent]:
+        """One supervised step on the trajectories' assistant turns, streamed as `train` is."""
+        ...
+
     async def log(
         self, model: TrainableModel, groups: list[TrajectoryGroup], split: str
     ) -> dict[str, float]: ...
 
     async def get_step(self, model: TrainableModel) -> int: ...
 
-    async def delete_checkpoints(self, model: TrainableModel, best_checkpoint_metric: str) -> list[int]: ...
+    async def delete_checkpoints(
+        self,
+        model: TrainableModel,
+        best_checkpoint_metric: str = "val/reward",
+        steps_to_keep: list[int] | None = None,
+    ) -> list[int]:
+        """Delete all checkpoints but `steps_to_keep` (or the latest and the best by the metric)."""
+        ...
 
     def model_dir(self, model: TrainableModel) -> str: ...
 

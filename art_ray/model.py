@@ -13,9 +13,9 @@ from tqdm.auto import tqdm
 
 from art_ray.adapters.spec import validate_model_name, versioned_name
 from art_ray.model_config import ModelConfig
-from art_ray.train_config import TrainConfig
+from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.train_result import GradientStep, TrainEvent, TrainResult
-from art_ray.trajectories import TrajectoryGroup
+from art_ray.trajectories import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -127,10 +127,13 @@ class TrainableModel(Model):
         Each gradient step's metrics are in `model.last_train_metrics`, the call's TrainResult in
         `model.last_train_result`, and both in MLflow."""
         config = config or TrainConfig()
-        bar = tqdm(total=config.num_gradient_steps, desc="train", disable=not verbose)
+        return await self._consume(self.train_stream(groups, config), "train", verbose)
+
+    async def _consume(self, events: AsyncIterator[TrainEvent], desc: str, verbose: bool) -> int:
+        bar = tqdm(desc=desc, disable=not verbose)
         gradient_steps: list[dict[str, float]] = []
         result: TrainResult | None = None
-        async for event in self.train_stream(groups, config):
+        async for event in events:
             if isinstance(event, GradientStep):
                 gradient_steps.append(event.metrics)
                 bar.set_postfix(
@@ -141,10 +144,19 @@ class TrainableModel(Model):
                 result = event
         bar.close()
         if result is None:
-            raise RuntimeError(f"the train call of {self.name!r} ended without a result")
+            raise RuntimeError(f"the {desc} call of {self.name!r} ended without a result")
         self.last_train_metrics = gradient_steps
         self.last_train_result = result
         return result.step
+
+    async def train_sft(
+        self, trajectories: list[Trajectory], config: SFTConfig | None = None, verbose: bool = True
+    ) -> int:
+        """Supervised fine-tuning as one step: cross-entropy on the trajectories' assistant turns (served
+        choices or plain assistant messages), `config.batch_size` trajectories per optimizer step; the new
+        step is served and checkpointed as after `train`. Returns the new step."""
+        config = config or SFTConfig()
+        return await self._consume(self.backend.train_sft(self, trajectories, config), "train_sft", verbose)
 
     # the last train call's gradient-step metrics, and its result (step, averaged metrics, checkpoint)
     last_train_metrics: list[dict[str, float]] = pydantic.Field(default_factory=list, exclude=True)
@@ -154,7 +166,9 @@ class TrainableModel(Model):
         """Log reward metrics of `groups` at the current step to MLflow and save them as Parquet."""
         return await self.backend.log(self, groups, split)
 
-    async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
+    async def delete_checkpoints(
+        self, best_checkpoint_metric: str = "val/reward", steps_to_keep: list[int] | None = None
+    ) -> list[int]:
         """Delete every checkpoint but the latest and the best by `best_checkpoint_metric` (higher is
-        better); returns the deleted steps."""
-        return await self.backend.delete_checkpoints(self, best_checkpoint_metric)
+        better), or but `steps_to_keep`; returns the deleted steps."""
+        return await self.backend.delete_checkpoints(self, best_checkpoint_metric, steps_to_keep)

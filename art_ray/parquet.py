@@ -14,9 +14,11 @@ Schema, one row per trajectory (readable by pandas, Ray Data, DuckDB):
 |                      |                      | objects (with token ids and logprobs)                |
 | tools                | string (JSON) / null |                                                      |
 | additional_histories | string (JSON array)  | [{messages_and_choices, tools}, ...]                 |
+| initial_policy_version | int64 / null       | the trained step that served its first turn        |
+| final_policy_version | int64 / null         | ... and its last turn                                |
 
-Group-level data (metadata, exceptions; also groups with no trajectory) is kept in the file's schema
-metadata under `art_ray.groups` as a JSON array indexed by group_index.
+Group-level data (metadata, exceptions, metrics, logs; also groups with no trajectory) is kept in the
+file's schema metadata under `art_ray.groups` as a JSON array indexed by group_index.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("messages_and_choices", pa.string()),
         ("tools", pa.string()),
         ("additional_histories", pa.string()),
+        ("initial_policy_version", pa.int64()),
+        ("final_policy_version", pa.int64()),
     ]
 )
 
@@ -61,6 +65,8 @@ def _row(group_index: int, trajectory_index: int, trajectory: Trajectory) -> dic
         "messages_and_choices": json.dumps(dumped["messages_and_choices"]),
         "tools": None if trajectory.tools is None else json.dumps(dumped["tools"]),
         "additional_histories": json.dumps(dumped["additional_histories"]),
+        "initial_policy_version": trajectory.initial_policy_version,
+        "final_policy_version": trajectory.final_policy_version,
     }
 
 
@@ -71,7 +77,12 @@ def groups_to_table(groups: list[TrajectoryGroup]) -> pa.Table:
         for trajectory_index, trajectory in enumerate(group.trajectories)
     ]
     group_info = [
-        {"metadata": group.metadata, "exceptions": [e.model_dump() for e in group.exceptions]}
+        {
+            "metadata": group.metadata,
+            "exceptions": [e.model_dump() for e in group.exceptions],
+            "metrics": group.metrics,
+            "logs": group.logs,
+        }
         for group in groups
     ]
     schema = TRAJECTORY_SCHEMA.with_metadata(
@@ -97,6 +108,9 @@ def table_to_groups(table: pa.Table) -> list[TrajectoryGroup]:
             metrics=dict(row["metrics"] or []),
             metadata=json.loads(row["metadata"] or "{}"),
             logs=list(row["logs"] or []),
+            # files written before these columns existed have none
+            initial_policy_version=row.get("initial_policy_version"),
+            final_policy_version=row.get("final_policy_version"),
         )
         trajectories[row["group_index"]].append((row["trajectory_index"], trajectory))
     return [
@@ -104,6 +118,8 @@ def table_to_groups(table: pa.Table) -> list[TrajectoryGroup]:
             [trajectory for _, trajectory in sorted(members, key=lambda pair: pair[0])],
             metadata=info["metadata"],
             exceptions=info["exceptions"],
+            metrics=info.get("metrics", {}),
+            logs=info.get("logs", []),
         )
         for info, members in zip(group_info, trajectories, strict=True)
     ]

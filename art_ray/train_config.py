@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import pydantic
@@ -22,7 +23,66 @@ class TrainConfig(pydantic.BaseModel):
     max_grad_norm: float | None = pydantic.Field(default=1.0, gt=0)
     # Gradient steps per train call: the batch is split into this many optimizer steps.
     num_gradient_steps: int = pydantic.Field(default=1, ge=1)
+    # The importance ratio per token, or one per sampled sequence (exp of its tokens' mean log-ratio, as
+    # GSPO and ART's "sequence" level).
+    importance_sampling_level: Literal["token", "sequence"] = "token"
+    # Multiply each token's loss by min(ratio, this) (a stop-gradient weight, as ART): off-policy samples
+    # whose ratio grew large count less.
+    truncated_importance_sampling: float | None = pydantic.Field(default=None, gt=0)
+    # ART's KL penalty: each token's advantage moves by coef * (mean KL - its KL) against the base model
+    # (adapter disabled); unlike `beta` it shapes advantages rather than adding a loss term.
+    kl_penalty_coef: float = pydantic.Field(default=0.0, ge=0)
+    # Packed row length for this call (None: ModelConfig.sequence_length).
+    packed_sequence_length: int | None = pydantic.Field(default=None, ge=16)
+    # Train assistant messages that carry no sampled tokens (plain dicts: tokens from the chat template),
+    # as if sampled by the current policy (importance ratio 1).
+    allow_training_without_logprobs: bool = False
 
     @property
     def clip_high(self) -> float:
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the loss needs the base model's logprobs (a forward pass with the adapter off)."""
+        return self.beta > 0 or self.kl_penalty_coef > 0
+
+
+class SFTConfig(pydantic.BaseModel):
+    """One supervised train call (ART's TrainSFTConfig): cross-entropy on the trajectories' assistant
+    turns, `batch_size` trajectories per optimizer step; a list of learning rates gives one per step."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    learning_rate: float | list[float] = 5e-5
+    # "auto": 2 trajectories per step, as ART's LocalBackend
+    batch_size: int | Literal["auto"] = "auto"
+    max_grad_norm: float | None = pydantic.Field(default=1.0, gt=0)
+
+    @pydantic.field_validator("learning_rate")
+    @classmethod
+    def _positive(cls, value: float | list[float]) -> float | list[float]:
+        rates = value if isinstance(value, list) else [value]
+        if not rates or any(rate <= 0 for rate in rates):
+            raise ValueError(f"learning_rate must be positive (or a non-empty list of them), got {value}")
+        return value
+
+    @pydantic.field_validator("batch_size")
+    @classmethod
+    def _batch(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"batch_size must be >= 1 or 'auto', got {value}")
+        return value
+
+    def steps(self, num_trajectories: int) -> list[float]:
+        """The learning rate of each optimizer step over `num_trajectories` trajectories."""
+        size = 2 if self.batch_size == "auto" else self.batch_size
+        count = max(1, math.ceil(num_trajectories / size))
+        if isinstance(self.learning_rate, list):
+            if len(self.learning_rate) != count:
+                raise ValueError(
+                    f"learning_rate lists {len(self.learning_rate)} rates but {num_trajectories} "
+                    f"trajectories in batches of {size} make {count} steps"
+                )
+            return list(self.learning_rate)
+        return [self.learning_rate] * count

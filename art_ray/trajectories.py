@@ -196,6 +196,11 @@ class History(_ConversationModel):
 class Trajectory(_ConversationModel):
     additional_histories: list[History] = pydantic.Field(default_factory=list)
     reward: float = 0.0
+    # The policy versions (trained steps) that served this trajectory's first and last turn, as ART names
+    # them; a trajectory sampled over a training step has final > initial. The trainer's staleness bound
+    # reads the initial one.
+    initial_policy_version: int | None = pydantic.Field(default=None, ge=0)
+    final_policy_version: int | None = pydantic.Field(default=None, ge=0)
     metrics: dict[str, float | int | bool] = pydantic.Field(default_factory=dict)
     metadata: dict[str, MetadataValue] = pydantic.Field(default_factory=dict)
     logs: list[str] = pydantic.Field(default_factory=list)
@@ -257,6 +262,8 @@ class TrajectoryGroup(pydantic.BaseModel):
     trajectories: list[Trajectory] = pydantic.Field(default_factory=list)
     metadata: dict[str, MetadataValue] = pydantic.Field(default_factory=dict)
     exceptions: list[PydanticException] = pydantic.Field(default_factory=list)
+    metrics: dict[str, float | int | bool] = pydantic.Field(default_factory=dict)
+    logs: list[str] = pydantic.Field(default_factory=list)
 
     def __init__(
         self,

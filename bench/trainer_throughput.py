@@ -88,7 +88,7 @@ def groups_from(data: dict) -> list:
 
 
 async def art_ray_tokens_per_second(base_model: str, data: dict, args: argparse.Namespace) -> dict:
-    from art_ray import ModelConfig, TrainConfig
+    from art_ray import GradientStep, ModelConfig, TrainConfig
     from art_ray.adapters.spec import LoRASpec
     from art_ray.placement import Reservation
     from art_ray.trainer.config import TrainerConfig
@@ -103,7 +103,8 @@ async def art_ray_tokens_per_second(base_model: str, data: dict, args: argparse.
                 base_model=base_model,
                 storage=storage,
                 settings=ModelConfig(lora=LoRASpec(r=16, alpha=32), sequence_length=512),
-                threads=args.threads,
+                # every core: threads pinned as the colocated trainer's are
+                threads=None if args.threads == len(os.sched_getaffinity(0)) else args.threads,
                 rank=Reservation(num_cpus=1),
             ),
             publish=False,
@@ -112,10 +113,10 @@ async def art_ray_tokens_per_second(base_model: str, data: dict, args: argparse.
         groups = groups_from(data)
         seconds, tokens = [], []
         for _ in range(args.steps + 1):
-            async for metrics in group.train(groups, TrainConfig(learning_rate=5e-4)):
-                if "time/step_seconds" in metrics:
-                    seconds.append(metrics["time/step_seconds"])
-                    tokens.append(metrics["data/trained_tokens"])
+            async for event in group.train(groups, TrainConfig(learning_rate=5e-4)):
+                if isinstance(event, GradientStep):
+                    seconds.append(event.metrics["time/step_seconds"])
+                    tokens.append(event.metrics["data/trained_tokens"])
         group.shutdown()
     step = statistics.median(seconds[1:])
     return {"seconds": step, "tokens": tokens[-1], "tokens_per_second": tokens[-1] / step}

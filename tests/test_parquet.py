@@ -70,6 +70,8 @@ def test_parquet_is_readable_by_pandas_with_the_documented_columns(tmp_path) -> 
         "messages_and_choices",
         "tools",
         "additional_histories",
+        "initial_policy_version",
+        "final_policy_version",
     ]
     assert frame["reward"].tolist() == [0.75, -1.0, -1.0]
     assert frame["group_index"].tolist() == [0, 0, 2]

@@ -23,11 +23,12 @@ from art_ray.remote.protocol import (
     RegisterResponse,
     StepResponse,
     TrainRequest,
+    TrainSFTRequest,
     TrainStreamLine,
 )
-from art_ray.train_config import TrainConfig
+from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.train_result import TrainEvent
-from art_ray.trajectories import TrajectoryGroup
+from art_ray.trajectories import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from art_ray.model import TrainableModel
@@ -101,12 +102,24 @@ class HTTPBackend:
         self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig
     ) -> AsyncIterator[TrainEvent]:
         """Yield each gradient step as the server streams it, then the TrainResult."""
-        body = TrainRequest(model=model.name, groups=groups, config=config)
+        async for event in self._stream(
+            "train", TrainRequest(model=model.name, groups=groups, config=config)
+        ):
+            yield event
+
+    async def train_sft(
+        self, model: TrainableModel, trajectories: list[Trajectory], config: SFTConfig
+    ) -> AsyncIterator[TrainEvent]:
+        body = TrainSFTRequest(model=model.name, trajectories=trajectories, config=config)
+        async for event in self._stream("train_sft", body):
+            yield event
+
+    async def _stream(self, route: str, body: pydantic.BaseModel) -> AsyncIterator[TrainEvent]:
         async with (
             self._client() as client,
             client.stream(
                 "POST",
-                f"{self.routes_url}/train",
+                f"{self.routes_url}/{route}",
                 content=body.model_dump_json(),
                 headers={"Content-Type": "application/json"},
             ) as response,
@@ -135,8 +148,15 @@ class HTTPBackend:
     async def get_step(self, model: TrainableModel) -> int:
         return (await self._post("step", ModelRef(model=model.name), StepResponse)).step
 
-    async def delete_checkpoints(self, model: TrainableModel, best_checkpoint_metric: str) -> list[int]:
-        body = DeleteCheckpointsRequest(model=model.name, best_checkpoint_metric=best_checkpoint_metric)
+    async def delete_checkpoints(
+        self,
+        model: TrainableModel,
+        best_checkpoint_metric: str = "val/reward",
+        steps_to_keep: list[int] | None = None,
+    ) -> list[int]:
+        body = DeleteCheckpointsRequest(
+            model=model.name, best_checkpoint_metric=best_checkpoint_metric, steps_to_keep=steps_to_keep
+        )
         return (await self._post("delete_checkpoints", body, DeleteCheckpointsResponse)).deleted
 
     def model_dir(self, model: TrainableModel) -> str:

@@ -5,6 +5,7 @@ Routes (under the training app's prefix, `/_art` by default), all POST with a JS
 - `/register` ModelSpec -> RegisterResponse
 - `/train` TrainRequest -> newline-delimited JSON: one TrainStreamLine per gradient step, then one with
   the TrainResult; a failure after the stream started arrives as a line with `error`
+- `/train_sft` TrainSFTRequest -> the same stream
 - `/log` LogRequest -> LogResponse
 - `/step` ModelRef -> StepResponse
 - `/delete_checkpoints` DeleteCheckpointsRequest -> DeleteCheckpointsResponse
@@ -19,9 +20,9 @@ import pydantic
 
 from art_ray.adapters.spec import validate_model_name
 from art_ray.model_config import ModelConfig
-from art_ray.train_config import TrainConfig
+from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.train_result import GradientStep, TrainResult
-from art_ray.trajectories import TrajectoryGroup
+from art_ray.trajectories import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from art_ray.model import TrainableModel
@@ -77,6 +78,11 @@ class TrainRequest(ModelRef):
     config: TrainConfig = pydantic.Field(default_factory=TrainConfig)
 
 
+class TrainSFTRequest(ModelRef):
+    trajectories: list[Trajectory]
+    config: SFTConfig = pydantic.Field(default_factory=SFTConfig)
+
+
 class LogRequest(ModelRef):
     groups: list[TrajectoryGroup]
     split: str = "val"
@@ -99,6 +105,7 @@ class StepResponse(_Message):
 
 class DeleteCheckpointsRequest(ModelRef):
     best_checkpoint_metric: str = "val/reward"
+    steps_to_keep: list[int] | None = None
 
 
 class DeleteCheckpointsResponse(_Message):

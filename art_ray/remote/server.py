@@ -29,9 +29,10 @@ from art_ray.remote.protocol import (
     RegisterResponse,
     StepResponse,
     TrainRequest,
+    TrainSFTRequest,
     TrainStreamLine,
 )
-from art_ray.train_result import TrainResult
+from art_ray.train_result import TrainEvent, TrainResult
 
 if TYPE_CHECKING:
     from art_ray.model import TrainableModel
@@ -159,14 +160,29 @@ class TrainingServer:
             for group in body.groups:  # a 400 now rather than an error line after the stream started
                 for trajectory in group.trajectories:
                     trajectory.check_trainable()
-            return StreamingResponse(self._train_lines(model, body), media_type="application/x-ndjson")
+            events = self.backend.train(model, body.groups, body.config)
+            return StreamingResponse(self._train_lines(model, events), media_type="application/x-ndjson")
 
         return await self._call(request, TrainRequest, handle)
 
-    async def _train_lines(self, model: TrainableModel, body: TrainRequest) -> AsyncIterator[str]:
+    @app.post("/train_sft")
+    async def train_sft(self, request: Request) -> Response:
+        async def handle(body: TrainSFTRequest) -> Response:
+            model = self._model(body.model)
+            for trajectory in body.trajectories:
+                trajectory.check_trainable()
+            body.config.steps(len(body.trajectories))  # a learning-rate list that does not fit: a 400
+            events = self.backend.train_sft(model, body.trajectories, body.config)
+            return StreamingResponse(self._train_lines(model, events), media_type="application/x-ndjson")
+
+        return await self._call(request, TrainSFTRequest, handle)
+
+    async def _train_lines(
+        self, model: TrainableModel, events: AsyncIterator[TrainEvent]
+    ) -> AsyncIterator[str]:
         async with self.train_locks[model.name]:  # one step at a time per model, in arrival order
             try:
-                async for event in self.backend.train(model, body.groups, body.config):
+                async for event in events:
                     line = (
                         TrainStreamLine(result=event)
                         if isinstance(event, TrainResult)
@@ -201,7 +217,9 @@ class TrainingServer:
         async def handle(body: DeleteCheckpointsRequest) -> Response:
             model = self._model(body.model)
             async with self.train_locks[model.name]:
-                deleted = await self.backend.delete_checkpoints(model, body.best_checkpoint_metric)
+                deleted = await self.backend.delete_checkpoints(
+                    model, body.best_checkpoint_metric, body.steps_to_keep
+                )
             return JSONResponse(DeleteCheckpointsResponse(deleted=deleted).model_dump())
 
         return await self._call(request, DeleteCheckpointsRequest, handle)

@@ -61,17 +61,43 @@ class TokenizeStats:
         }
 
 
+def _render_text(tokenizer: Any, messages: list[dict], tools: list[dict] | None, prompt: bool) -> str:
+    return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=prompt, tokenize=False)
+
+
 def _render(tokenizer: Any, messages: list[dict], tools: list[dict] | None) -> list[int]:
-    rendered = tokenizer.apply_chat_template(
-        messages, tools=tools, add_generation_prompt=True, tokenize=False
-    )
-    return tokenizer.encode(rendered, add_special_tokens=False)
+    return tokenizer.encode(_render_text(tokenizer, messages, tools, True), add_special_tokens=False)
+
+
+def _assistant_message_ids(
+    tokenizer: Any, messages: list[dict], index: int, tools: list[dict] | None
+) -> list[int]:
+    """The tokens of a plain assistant message (no sampled ids): what the chat template writes for it
+    after the generation prompt, up to its end-of-turn token (the newline a template puts after that is
+    never sampled)."""
+    prompt = _render_text(tokenizer, messages[:index], tools, True)
+    full = _render_text(tokenizer, messages[: index + 1], tools, False)
+    if not full.startswith(prompt):
+        raise ValueError(
+            f"message {index}: the chat template renders the conversation up to this assistant message "
+            "differently from its generation prompt, so its tokens cannot be told apart"
+        )
+    return tokenizer.encode(full[len(prompt) :].rstrip("\n"), add_special_tokens=False)
 
 
 def history_sequences(
-    messages_and_choices: list, tools: list[dict] | None, tokenizer: Any, stats: TokenizeStats
+    messages_and_choices: list,
+    tools: list[dict] | None,
+    tokenizer: Any,
+    stats: TokenizeStats,
+    *,
+    plain_assistant: bool = False,
+    sampled_logprobs: bool = True,
 ) -> list[TokenSequence]:
-    """The sequences of one conversation (one, unless multi-turn drift forces a cut)."""
+    """The sequences of one conversation (one, unless multi-turn drift forces a cut). Trained: each
+    choice's sampled tokens, and with `plain_assistant` the assistant messages given as dicts too.
+    Without `sampled_logprobs` every trained token counts as sampled by the current policy (NaN old
+    logprob: ratio 1), as in SFT."""
     from openai.types.chat.chat_completion import Choice
 
     from art_ray.trajectories import get_messages
@@ -80,22 +106,33 @@ def history_sequences(
     sequences: list[TokenSequence] = []
     current = TokenSequence()
     for index, item in enumerate(messages_and_choices):
-        if not isinstance(item, Choice):
+        if isinstance(item, Choice):
+            tokens = sampled_tokens(item)
+            prompt = tokens.prompt_token_ids or _render(tokenizer, messages[:index], tools)
+            token_ids, logprobs = tokens.token_ids, tokens.logprobs
+        elif plain_assistant and item.get("role") == "assistant":
+            prompt = _render(tokenizer, messages[:index], tools)
+            token_ids = _assistant_message_ids(tokenizer, messages, index, tools)
+            logprobs = [math.nan] * len(token_ids)
+        else:
             continue
-        tokens = sampled_tokens(item)
-        prompt = tokens.prompt_token_ids or _render(tokenizer, messages[:index], tools)
+        if not sampled_logprobs:
+            logprobs = [math.nan] * len(token_ids)
         if prompt[: len(current.input_ids)] != current.input_ids:
             stats.tokenization_drift += 1
             sequences.append(current)
             current = TokenSequence()
         current.extend(prompt[len(current.input_ids) :])
-        current.extend(tokens.token_ids, tokens.logprobs)
+        current.extend(token_ids, logprobs)
     sequences.append(current)
     return [sequence for sequence in sequences if sequence.num_trainable]
 
 
 def tokenize_groups(
-    groups: list[TrajectoryGroup], tokenizer: Any, scale_rewards: bool = True
+    groups: list[TrajectoryGroup],
+    tokenizer: Any,
+    scale_rewards: bool = True,
+    plain_assistant: bool = False,
 ) -> tuple[list[TokenSequence], TokenizeStats]:
     """Sequences of every trainable group, each token weighted so that every trajectory counts the same."""
     stats = TokenizeStats(num_groups=len(groups))
@@ -114,7 +151,15 @@ def tokenize_groups(
     for trajectory_id, (trajectory, advantage, group_id) in enumerate(trajectories):
         own: list[TokenSequence] = []
         for history in trajectory.histories():
-            own.extend(history_sequences(history.messages_and_choices, history.tools, tokenizer, stats))
+            own.extend(
+                history_sequences(
+                    history.messages_and_choices,
+                    history.tools,
+                    tokenizer,
+                    stats,
+                    plain_assistant=plain_assistant,
+                )
+            )
         tokens = sum(sequence.num_trainable for sequence in own)
         for sequence in own:
             sequence.advantage = advantage
@@ -125,3 +170,30 @@ def tokenize_groups(
         stats.num_trajectories += 1 if own else 0
         stats.trainable_tokens += tokens
     return sequences, stats
+
+
+def sft_sequences(
+    trajectories: list[Trajectory], tokenizer: Any
+) -> tuple[list[list[TokenSequence]], TokenizeStats]:
+    """Each trajectory's sequences for supervised training: every assistant turn (a served choice's
+    sampled ids, or a plain message's template tokens) with advantage 1 and weight 1 per token."""
+    stats = TokenizeStats(num_trajectories=len(trajectories))
+    per_trajectory: list[list[TokenSequence]] = []
+    for trajectory_id, trajectory in enumerate(trajectories):
+        own: list[TokenSequence] = []
+        for history in trajectory.histories():
+            own.extend(
+                history_sequences(
+                    history.messages_and_choices,
+                    history.tools,
+                    tokenizer,
+                    stats,
+                    plain_assistant=True,
+                    sampled_logprobs=False,
+                )
+            )
+        for sequence in own:
+            sequence.advantage, sequence.weight, sequence.trajectory_id = 1.0, 1.0, trajectory_id
+        stats.trainable_tokens += sum(sequence.num_trainable for sequence in own)
+        per_trajectory.append(own)
+    return per_trajectory, stats

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -20,11 +21,11 @@ from art_ray import storage
 from art_ray.adapters.registry import get_registry, publish_adapter
 from art_ray.cpu_threads import trainer_openmp_env
 from art_ray.placement import PlacementError
-from art_ray.train_config import TrainConfig
+from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.train_result import GradientStep, TrainEvent, TrainResult
 from art_ray.trainer.config import TrainerConfig
 from art_ray.trainer.worker import STATE_FILE, TrainerWorker
-from art_ray.trajectories import TrajectoryGroup
+from art_ray.trajectories import Trajectory, TrajectoryGroup
 
 
 def checkpoint_steps(config: TrainerConfig) -> list[int]:
@@ -93,18 +94,36 @@ class TrainerGroup:
         return self.step
 
     async def train(self, groups: list[TrajectoryGroup], config: TrainConfig) -> AsyncIterator[TrainEvent]:
-        """Yield each gradient step as it finishes; then publish the new step (checkpointing it in the
-        background) and yield the TrainResult."""
+        """GRPO on the groups: yield each gradient step as it finishes; then publish the new step
+        (checkpointing it in the background) and yield the TrainResult."""
         for group in groups:
             for trajectory in group.trajectories:
                 trajectory.check_trainable()
+        prepare = self.workers[0].prepare_rl.options(num_returns=len(self.workers))
+        async for event in self._run(lambda: prepare.remote(groups, config), config):
+            yield event
+
+    async def train_sft(self, trajectories: list[Trajectory], config: SFTConfig) -> AsyncIterator[TrainEvent]:
+        """Supervised steps on the trajectories' assistant turns, then publish as `train` does."""
+        for trajectory in trajectories:
+            trajectory.check_trainable()
+        config.steps(len(trajectories))  # a learning-rate list that does not fit fails before anything runs
+        prepare = self.workers[0].prepare_sft.options(num_returns=len(self.workers))
+        # With every old logprob missing (ratio 1) and advantage 1, CISPO's loss is the cross-entropy.
+        loss_config = TrainConfig(policy_loss="cispo", max_grad_norm=config.max_grad_norm)
+        async for event in self._run(lambda: prepare.remote(trajectories, config), loss_config):
+            yield event
+
+    async def _run(self, prepare: Callable[[], Any], config: TrainConfig) -> AsyncIterator[TrainEvent]:
         await self.wait_for_checkpoint()  # the last step's write: its error, if any, surfaces here
         if self.config.colocated:
             await self._handover("release")
         try:
+            shards = prepare()  # rank 0 tokenizes and packs once; each rank is handed its own shard
+            shards = shards if isinstance(shards, list) else [shards]
             streams = [
-                worker.train.options(num_returns="streaming").remote(groups, config)
-                for worker in self.workers
+                worker.train.options(num_returns="streaming").remote(shard, config)
+                for worker, shard in zip(self.workers, shards, strict=True)
             ]
             followers = asyncio.gather(*(self._drain(stream) for stream in streams[1:]))
             gradient_steps = []

@@ -42,13 +42,26 @@ def policy_loss(
     weights: torch.Tensor,
     config: TrainConfig,
     ref_logprobs: torch.Tensor | None = None,
+    segments: torch.Tensor | None = None,
 ) -> PolicyLoss:
-    """Per-token tensors of one shape; `weights` is 0 on context and padding, and sums to the share of
-    the batch these tokens carry (each trajectory weighs the same, whatever its length)."""
+    """Per-token tensors of one shape [rows, tokens]; `weights` is 0 on context and padding, and sums to
+    the share of the batch these tokens carry (each trajectory weighs the same, whatever its length).
+    A NaN old logprob is a token sampled by the current policy (ratio 1: SFT, or a turn trained without
+    logprobs). `segments` (each token's sequence within its row) is needed for sequence-level ratios."""
     mask = weights > 0
+    old_logprobs = torch.where(torch.isnan(old_logprobs), logprobs.detach(), old_logprobs)
     log_ratio = torch.where(mask, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    if config.importance_sampling_level == "sequence":
+        if segments is None:
+            raise ValueError("sequence-level importance sampling needs each token's segment")
+        log_ratio = _sequence_mean(log_ratio, segments, mask)
     ratio = torch.exp(log_ratio)
     low, high = 1.0 - config.epsilon, 1.0 + config.clip_high
+    if ref_logprobs is not None and config.kl_penalty_coef > 0:
+        # ART's penalty: tokens that drifted from the base model more than the batch's mean lose advantage
+        token_kl = torch.where(mask, (logprobs - ref_logprobs).detach(), torch.zeros_like(logprobs))
+        mean_kl = token_kl.sum() / mask.sum().clamp_min(1)
+        advantages = advantages + config.kl_penalty_coef * (mean_kl - token_kl) * mask
     clipped_ratio = torch.clamp(ratio, low, high)
     if config.policy_loss == "cispo":
         # CISPO: the clipped ratio is a stop-gradient weight on the log-likelihood; no token is dropped.
@@ -59,6 +72,8 @@ def policy_loss(
         clipped_objective = clipped_ratio * advantages
         per_token = -torch.minimum(unclipped_objective, clipped_objective)
         clipped = (clipped_objective < unclipped_objective) & mask
+    if config.truncated_importance_sampling is not None:
+        per_token = per_token * torch.clamp(ratio, max=config.truncated_importance_sampling).detach()
     policy = (per_token * weights).sum()
     if ref_logprobs is not None and config.beta > 0:
         # k3 estimator of KL(policy || reference): exp(ref - logp) - (ref - logp) - 1 >= 0
@@ -74,6 +89,20 @@ def policy_loss(
         clip_fraction=((clipped.float() * weights).sum() / total_weight).detach(),
         trained_tokens=mask.sum().detach(),
     )
+
+
+def _sequence_mean(values: torch.Tensor, segments: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each masked token's value replaced by the mean over the masked tokens of its (row, segment)."""
+    rows, _ = values.shape
+    per_row = int(segments.max()) + 1 if segments.numel() else 1
+    keys = (torch.arange(rows, device=values.device).unsqueeze(1) * per_row + segments).reshape(-1)
+    flat_mask = mask.reshape(-1)
+    sums = torch.zeros(rows * per_row, dtype=values.dtype, device=values.device)
+    counts = torch.zeros_like(sums)
+    sums.index_add_(0, keys[flat_mask], values.reshape(-1)[flat_mask])
+    counts.index_add_(0, keys[flat_mask], torch.ones_like(values.reshape(-1)[flat_mask]))
+    means = sums / counts.clamp_min(1)
+    return torch.where(mask, means[keys].reshape(values.shape), torch.zeros_like(values))
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -18,12 +18,12 @@ import torch
 from art_ray import storage
 from art_ray.colocation import TrainerHandover
 from art_ray.cpu_threads import every_core_threads
-from art_ray.train_config import TrainConfig
-from art_ray.trainer.batches import tokenize_groups
+from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.trainer.config import TrainerConfig
 from art_ray.trainer.loss import policy_loss, token_entropy, token_logprobs
-from art_ray.trainer.packing import PackedRow, pack_sequences, segment_attention_mask
-from art_ray.trajectories import TrajectoryGroup
+from art_ray.trainer.packing import PackedRow, segment_attention_mask
+from art_ray.trainer.train_batch import RankBatch, rl_batches, sft_batches
+from art_ray.trajectories import Trajectory, TrajectoryGroup
 
 CLIENT_STATE_STEP = "art_ray_step"
 # Written last into a checkpoint folder: a folder without it is an interrupted checkpoint, never resumed from
@@ -134,40 +134,52 @@ class TrainerWorker:
 
     # --- training -------------------------------------------------------------------------------
 
-    def train(self, groups: list[TrajectoryGroup], train_config: TrainConfig) -> Iterator[dict[str, float]]:
-        """One train call: yields the metrics of each gradient step (identical on every rank)."""
+    def prepare_rl(self, groups: list[TrajectoryGroup], train_config: TrainConfig) -> RankBatch | tuple:
+        """Rank 0 only: the call's batch for every rank (a Ray call with num_returns=world_size)."""
+        row_length = train_config.packed_sequence_length or self.settings.sequence_length
+        return self._shards(
+            rl_batches(groups, self.tokenizer, train_config, row_length, self.settings.world_size)
+        )
+
+    def prepare_sft(self, trajectories: list[Trajectory], sft_config: SFTConfig) -> RankBatch | tuple:
+        return self._shards(
+            sft_batches(
+                trajectories,
+                self.tokenizer,
+                sft_config,
+                self.settings.sequence_length,
+                self.settings.world_size,
+            )
+        )
+
+    @staticmethod
+    def _shards(shards: list[RankBatch]) -> RankBatch | tuple:
+        return shards[0] if len(shards) == 1 else tuple(shards)
+
+    def train(self, batch: RankBatch, train_config: TrainConfig) -> Iterator[dict[str, float]]:
+        """One train call on this rank's shard: yields the metrics of each optimizer step (identical on
+        every rank)."""
         assert self.handover is not None
         self.handover.reload()
-        sequences, stats = tokenize_groups(groups, self.tokenizer, scale_rewards=train_config.scale_rewards)
-        steps = max(1, min(train_config.num_gradient_steps, len(sequences)))
-        if not sequences:
+        if not batch.steps:
             self.step += 1
-            yield {**stats.metrics(), "train/nothing_trainable": 1.0}
+            yield {**batch.stats.metrics(), "train/nothing_trainable": 1.0}
             return
-        # Split by trajectory so a trajectory's sequences stay in one gradient step.
-        trajectory_ids = sorted({s.trajectory_id for s in sequences})
-        chunk = math.ceil(len(trajectory_ids) / steps)
-        for step_index in range(steps):
-            members = set(trajectory_ids[step_index * chunk : (step_index + 1) * chunk])
-            step_sequences = [s for s in sequences if s.trajectory_id in members]
-            if not step_sequences:
-                continue
-            total = sum(s.weight * s.num_trainable for s in step_sequences)
-            for sequence in step_sequences:
-                sequence.weight /= total  # every gradient step's weights sum to 1
-            rows = pack_sequences(step_sequences, self.settings.sequence_length)
-            metrics = self._gradient_step(rows[self.rank :: self.settings.world_size], train_config)
-            metrics.update(stats.metrics())
-            metrics["train/gradient_step"] = float(step_index)
+        for index, (rows, learning_rate) in enumerate(zip(batch.steps, batch.learning_rates, strict=True)):
+            metrics = self._gradient_step(rows, train_config, learning_rate)
+            metrics.update(batch.stats.metrics())
+            metrics["train/gradient_step"] = float(index)
             yield metrics
         self.step += 1
 
-    def _gradient_step(self, rows: list[PackedRow], train_config: TrainConfig) -> dict[str, float]:
+    def _gradient_step(
+        self, rows: list[PackedRow], train_config: TrainConfig, learning_rate: float
+    ) -> dict[str, float]:
         import torch.distributed as dist
 
         start = time.perf_counter()
         for group in self.engine.optimizer.param_groups:
-            group["lr"] = train_config.learning_rate
+            group["lr"] = learning_rate
         # Clipping is per train call. With ZeRO 1-2 the optimizer clips and records the norm; at stage 0
         # the engine calls clip_fp32_gradients (after the all-reduce) only if clipping is on, so it is
         # always on (a huge bound when disabled) and records the norm it computes.
@@ -202,7 +214,7 @@ class TrainerWorker:
             "loss/entropy": entropy / max(weight, 1e-12),
             "loss/clip_fraction": clip / max(weight, 1e-12),
             "loss/grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
-            "loss/learning_rate": train_config.learning_rate,
+            "loss/learning_rate": learning_rate,
             "data/trained_tokens": tokens,
             "throughput/train_tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
             "time/step_seconds": seconds,
@@ -228,7 +240,7 @@ class TrainerWorker:
         weights = tensor("weights", torch.float32)
         mask = segment_attention_mask(segments, tensor("parent_ids", torch.long))
         reference = None
-        if train_config.beta > 0:
+        if train_config.needs_reference:
             with torch.no_grad(), self.engine.module.disable_adapter():
                 ref_logits = self.engine(
                     input_ids=input_ids, position_ids=position_ids, attention_mask=mask
@@ -236,7 +248,7 @@ class TrainerWorker:
                 reference = token_logprobs(ref_logits, targets)
         logits = self.engine(input_ids=input_ids, position_ids=position_ids, attention_mask=mask).logits
         logprobs = token_logprobs(logits, targets)
-        result = policy_loss(logprobs, old_logprobs, advantages, weights, train_config, reference)
+        result = policy_loss(logprobs, old_logprobs, advantages, weights, train_config, reference, segments)
         # DeepSpeed averages gradients over ranks; weights already sum to 1 over the global batch.
         self.engine.backward(result.loss * self.settings.world_size, scale_wrt_gas=False)
         with torch.no_grad():
