@@ -35,14 +35,14 @@ if TYPE_CHECKING:
     from art_ray.art_backend import ARTBackend, UnsupportedTrainArgumentError
     from art_ray.backend import RayBackend
     from art_ray.parquet import read_trajectory_groups, write_trajectory_groups
-    from art_ray.remote_rollout import remote_rollout
+    from art_ray.rollout_runner import remote_rollout
 
 _ON_FIRST_USE = {
     # needs openpipe-art (`pip install "art-ray[art]"`)
     "ARTBackend": "art_ray.art_backend",
     "UnsupportedTrainArgumentError": "art_ray.art_backend",
     "RayBackend": "art_ray.backend",
-    "remote_rollout": "art_ray.remote_rollout",
+    "remote_rollout": "art_ray.rollout_runner",
     "read_trajectory_groups": "art_ray.parquet",
     "write_trajectory_groups": "art_ray.parquet",
 }

@@ -46,3 +46,23 @@ def test_a_choice_is_still_a_choice() -> None:
     back = Trajectory.model_validate_json(trajectory.model_dump_json())
     assert isinstance(back.messages_and_choices[1], Choice) and back.messages_and_choices[1] == choice
     assert back.messages()[1] == {"role": "assistant", "content": "Paris"}
+
+
+def test_every_lazy_name_is_what_it_names_after_its_module_loaded() -> None:
+    """A lazy name must not share its module's name: importing `art_ray.x` sets the package's attribute
+    `x` to the module, so `@art_ray.remote_rollout` in a worker that had already loaded the runner module
+    once decorated with a module (TypeError: 'module' object is not callable)."""
+    import art_ray
+
+    for name, module in art_ray._ON_FIRST_USE.items():
+        assert module.rsplit(".", 1)[-1] != name, f"art_ray.{name} shares its module's name ({module})"
+    code = (
+        "import importlib, art_ray\n"
+        "for name, module in art_ray._ON_FIRST_USE.items():\n"
+        "    importlib.import_module(module)\n"
+        "for name in art_ray._ON_FIRST_USE:\n"
+        "    value = getattr(art_ray, name)\n"
+        "    assert not isinstance(value, type(art_ray)), name\n"
+    )
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr[-2000:]
