@@ -93,3 +93,33 @@ def test_tokens_without_an_adapter_get_no_lora(generator):
 def test_registered_as_a_vllm_plugin():
     names = {entry.name: entry.value for entry in entry_points(group="vllm.general_plugins")}
     assert names["art_ray_cpu_lora"] == "art_ray.serving.cpu_lora:register"
+
+
+def test_the_short_path_adds_every_slice_of_one_slot(generator) -> None:
+    """A packed q/k/v layer (slices of different widths) on one slot: the fused shrink/expand adds what
+    each slice's own A and B would; a new adapter in the slot replaces the fused matrices."""
+    from types import SimpleNamespace
+
+    from art_ray.serving.cpu_lora import FUSED, LOADED_SLOTS, STEP_SLOTS, apply_lora_to_output
+
+    rank, width, sizes, slots = 4, 24, (24, 8, 8), 3
+    layer = SimpleNamespace(
+        lora_a_stacked=tuple(torch.randn(slots, 1, rank, width, generator=generator) for _ in sizes),
+        lora_b_stacked=tuple(torch.randn(slots, 1, size, rank, generator=generator) for size in sizes),
+        output_slices=sizes,
+        punica_wrapper=SimpleNamespace(**{STEP_SLOTS: [2]}),
+        **{LOADED_SLOTS: {2}},
+    )
+    x, base = torch.randn(5, width, generator=generator), torch.randn(5, sum(sizes), generator=generator)
+
+    def expected() -> torch.Tensor:
+        parts = [x @ a[2, 0].T @ b[2, 0].T for a, b in zip(layer.lora_a_stacked, layer.lora_b_stacked)]
+        return base + torch.cat(parts, dim=1)
+
+    def never(*args):  # noqa: ANN002, ANN202
+        raise AssertionError("the fallback must not run for one slot")
+
+    assert torch.allclose(apply_lora_to_output(layer, x, base.clone(), never), expected(), atol=1e-5)
+    layer.lora_b_stacked[1][2].mul_(3)  # a new adapter loaded into the slot ...
+    layer.__dict__[FUSED].pop(2)  # ... drops its fused matrices (set_lora does this)
+    assert torch.allclose(apply_lora_to_output(layer, x, base.clone(), never), expected(), atol=1e-5)
