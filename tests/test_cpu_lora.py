@@ -113,7 +113,9 @@ def test_the_short_path_adds_every_slice_of_one_slot(generator) -> None:
     x, base = torch.randn(5, width, generator=generator), torch.randn(5, sum(sizes), generator=generator)
 
     def expected() -> torch.Tensor:
-        parts = [x @ a[2, 0].T @ b[2, 0].T for a, b in zip(layer.lora_a_stacked, layer.lora_b_stacked)]
+        parts = [
+            x @ a[2, 0].T @ b[2, 0].T for a, b in zip(layer.lora_a_stacked, layer.lora_b_stacked, strict=True)
+        ]
         return base + torch.cat(parts, dim=1)
 
     def never(*args):  # noqa: ANN002, ANN202
