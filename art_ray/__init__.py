@@ -17,6 +17,7 @@ from art_ray.errors import ArtRayError, BackendError, MissingTokenDataError, Mod
 from art_ray.gather import TooManyExceptionsError, gather_trajectory_groups
 from art_ray.model import Model, TrainableModel
 from art_ray.model_config import ModelConfig
+from art_ray.pipeline import PipelineTrainer, StepReport
 from art_ray.placement import PlacementError
 from art_ray.remote.client import HTTPBackend, RemoteTrainingError
 from art_ray.train_config import SFTConfig, TrainConfig
@@ -59,6 +60,8 @@ def __getattr__(name: str) -> Any:
 __version__ = "0.1.0"
 
 __all__ = [
+    "PipelineTrainer",
+    "StepReport",
     "ARTBackend",
     "SFTConfig",
     "UnsupportedTrainArgumentError",

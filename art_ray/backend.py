@@ -245,12 +245,19 @@ class RayBackend:
                 tracker.log_metrics(event.metrics, event.step)
             yield event
 
-    async def log(self, model: TrainableModel, groups: list[TrajectoryGroup], split: str) -> dict[str, float]:
+    async def log(
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        split: str,
+        metrics: dict[str, float] | None = None,
+    ) -> dict[str, float]:
         trainer, tracker = self._trainer(model), self.tracker(model)
-        metrics = group_metrics(groups, split)
-        tracker.log_metrics(metrics, trainer.step)
-        save_trajectories(trainer.config.model_dir(), split, trainer.step, groups)
-        return metrics
+        logged = {**(group_metrics(groups, split) if groups else {}), **(metrics or {})}
+        tracker.log_metrics(logged, trainer.step)
+        if groups:
+            save_trajectories(trainer.config.model_dir(), split, trainer.step, groups)
+        return logged
 
     async def get_step(self, model: TrainableModel) -> int:
         return self._trainer(model).step

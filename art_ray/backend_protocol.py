@@ -36,7 +36,11 @@ class Backend(Protocol):
         ...
 
     async def log(
-        self, model: TrainableModel, groups: list[TrajectoryGroup], split: str
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        split: str,
+        metrics: dict[str, float] | None = None,
     ) -> dict[str, float]: ...
 
     async def get_step(self, model: TrainableModel) -> int: ...

@@ -78,6 +78,7 @@ async def gather_trajectory_groups(
                     f"{state['exceptions']} of {total} rollouts failed (max_exceptions={max_exceptions})"
                 ) from first_failure[0]
             return error
+        result.stamp_policy_versions()
         state["done"] += 1
         state["tokens"] += _completion_tokens(result)
         state["reward_sum"] += result.reward

@@ -162,9 +162,12 @@ class TrainableModel(Model):
     last_train_metrics: list[dict[str, float]] = pydantic.Field(default_factory=list, exclude=True)
     last_train_result: TrainResult | None = pydantic.Field(default=None, exclude=True)
 
-    async def log(self, groups: list[TrajectoryGroup], split: str = "val") -> dict[str, float]:
-        """Log reward metrics of `groups` at the current step to MLflow and save them as Parquet."""
-        return await self.backend.log(self, groups, split)
+    async def log(
+        self, groups: list[TrajectoryGroup], split: str = "val", metrics: dict[str, float] | None = None
+    ) -> dict[str, float]:
+        """Log reward metrics of `groups` (and `metrics` as they are named) at the current step to MLflow,
+        and save the groups as Parquet; returns what was logged."""
+        return await self.backend.log(self, groups, split, metrics)
 
     async def delete_checkpoints(
         self, best_checkpoint_metric: str = "val/reward", steps_to_keep: list[int] | None = None

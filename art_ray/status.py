@@ -34,7 +34,7 @@ def cluster_status(timeout_s: float = 30.0) -> ClusterStatus:
     from ray import serve
 
     try:
-        registry = get_registry(create=False)
+        registry = get_registry()
     except ValueError:  # no registry: nothing was ever published on this cluster
         registry = None
     models = []

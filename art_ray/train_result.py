@@ -22,7 +22,8 @@ class GradientStep(pydantic.BaseModel):
 class TrainResult(pydantic.BaseModel):
     """The end of a train call, as ART 0.5's `TrainResult`/`LocalTrainResult`: the step it made (served by
     every replica when the call returns), the metrics MLflow records at that step (each gradient step's
-    metrics averaged, plus time/checkpoint_seconds and time/publish_seconds), and the checkpoint folder
+    metrics averaged, plus time/checkpoint_wait_seconds (waiting for the last step's checkpoint),
+    time/publish_enqueue_seconds and time/wait_for_replicas_seconds), and the checkpoint folder
     (written in the background; complete before the next train call starts)."""
 
     model_config = pydantic.ConfigDict(extra="forbid", ser_json_inf_nan="constants")

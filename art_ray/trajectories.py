@@ -243,6 +243,21 @@ class Trajectory(_ConversationModel):
         """The main conversation first, then the additional histories."""
         return [self, *self.additional_histories]
 
+    def stamp_policy_versions(self, initial: int | None = None, final: int | None = None) -> None:
+        """Fill `initial_policy_version` / `final_policy_version` where unset: from the steps that sampled
+        its served choices (the endpoint marks each with `policy_version`), else from `initial`/`final`
+        (the versions the caller knew at the rollout's start and end: a client that streamed)."""
+        versions = [
+            version
+            for history in self.histories()
+            for choice in history.trainable_choices()
+            if (version := (choice.model_extra or {}).get("policy_version")) is not None
+        ]
+        if self.initial_policy_version is None:
+            self.initial_policy_version = min(versions) if versions else initial
+        if self.final_policy_version is None:
+            self.final_policy_version = max(versions) if versions else final
+
     def check_trainable(self) -> None:
         """Raise MissingTokenDataError unless every served choice carries token ids and logprobs."""
         for history_index, history in enumerate(self.histories()):

@@ -10,9 +10,12 @@ art-ray modes (`--modes`), each on a backend of its own:
 - "colocated" (the default layout on one box): engine and trainer take turns, each phase on every core;
 - "split": engine and trainer keep one core each (the layout before colocation), sampling then training;
 - "overlap": split, and step N+1 samples while step N trains (one step off-policy).
+- "pipelined": split, with art_ray.PipelineTrainer: rollouts never wait for training, groups at most
+  `--max-steps-off-policy` steps stale, `--max-batch-groups` groups per step at most.
 Engine busy fraction: the share of the loop wall time spent in rollout phases, where the engine decodes.
 Per seed a row; the headline is the median over seeds of art-ray's time / TRL's time.
-Last line: {"bench": "end_to_end", "ratio", "ratio_colocated", "seeds", "busy_fraction", ...}.
+Last line: {"bench": "end_to_end", "ratio", "ratio_colocated", "ratio_pipelined", "seeds", "busy_fraction",
+"busy_fraction_pipelined", "steps_sync", "steps_pipelined", ...}.
 """
 
 from __future__ import annotations
@@ -64,7 +67,9 @@ async def train_step(model, groups: list) -> dict:
     total_s = time.perf_counter() - started
     summary = model.last_train_result.metrics
     train_s = sum(m["time/step_seconds"] for m in model.last_train_metrics)
-    checkpoint_s, publish_s = summary["time/checkpoint_seconds"], summary["time/publish_seconds"]
+    # the call waits for the last step's checkpoint only if it is still being written
+    checkpoint_s = summary["time/checkpoint_wait_seconds"]
+    publish_s = summary["time/publish_enqueue_seconds"] + summary["time/wait_for_replicas_seconds"]
     return {
         "train_s": train_s,
         "checkpoint_s": checkpoint_s,
@@ -138,10 +143,83 @@ async def run_loop(model, args: argparse.Namespace, seed: int, overlap: bool) ->
     }
 
 
+async def pipelined_loop(model, args: argparse.Namespace, seed: int) -> dict:
+    """art_ray.PipelineTrainer on the same questions and hyperparameters, until a step's samples reach the
+    threshold."""
+    import train  # examples/one_word/train.py: the rollout the demo uses (as Ray work)
+
+    import art_ray
+    from art_ray import TrainConfig
+
+    async def rollout_group(model, question: str) -> art_ray.TrajectoryGroup:
+        return await art_ray.TrajectoryGroup(train.rollout(model, question) for _ in range(GROUP_SIZE))
+
+    questions = [q for batch in question_batches(seed, 10 * args.max_steps) for q in batch]
+    pipeline = art_ray.PipelineTrainer(
+        model,
+        rollout_group,
+        questions,
+        train_config=TrainConfig(learning_rate=LEARNING_RATE),
+        num_rollout_workers=GROUPS_PER_STEP,
+        min_batch_size=GROUPS_PER_STEP,
+        max_batch_size=args.max_batch_groups,
+        max_steps_off_policy=args.max_steps_off_policy,
+        max_steps=args.max_steps,
+        resume=False,
+        verbose=False,
+    )
+    reached: list[float] = []
+    loop_start = time.perf_counter()
+
+    async def watch() -> None:
+        seen = 0
+        while True:
+            await asyncio.sleep(0.2)
+            for report in pipeline.reports[seen:]:
+                print(
+                    f"art-ray seed {seed} pipelined step {report.step}: reward {report.reward:.3f}  "
+                    f"groups {report.groups}, off-policy {report.steps_off_policy_mean:.2f}/"
+                    f"{report.steps_off_policy_max}, stale {report.groups_dropped_stale}, engine busy "
+                    f"{report.engine_busy:.2f}, trainer busy {report.trainer_busy:.2f}, "
+                    f"{report.seconds:.1f} s",
+                    flush=True,
+                )
+                if report.reward >= args.threshold and not reached:
+                    reached.append(time.perf_counter() - loop_start)
+                    pipeline.request_stop()
+            seen = len(pipeline.reports)
+
+    watcher = asyncio.ensure_future(watch())
+    reports = await pipeline.train()
+    await asyncio.sleep(0.3)
+    watcher.cancel()
+    loop_s = time.perf_counter() - loop_start
+    steps = [
+        {
+            "reward": r.reward,
+            "rollout_s": r.engine_busy * r.seconds,
+            "train_s": r.trainer_busy * r.seconds,
+            "checkpoint_s": 0.0,
+            "publish_s": 0.0,
+            "other_s": 0.0,
+            "steps_off_policy": r.steps_off_policy_mean,
+            "stale": r.groups_dropped_stale,
+        }
+        for r in reports
+    ]
+    engine_s = sum(r.engine_busy * r.seconds for r in reports)
+    return {
+        "seconds_to_threshold": reached[0] if reached else None,
+        "loop_s": loop_s,
+        "steps": steps,
+        "busy_fraction": engine_s / max(loop_s, 1e-9),
+    }
+
+
 def mode_config(mode: str):
     from art_ray import LoRASpec, ModelConfig
 
-    layout = "colocated" if mode == "colocated" else "split"
+    layout = "colocated" if mode == "colocated" else "split"  # pipelined: the split layout's loop
     # split: one core each, as the engine and the trainer held before colocation
     threads = None if layout == "colocated" else 1
     return ModelConfig(
@@ -172,7 +250,10 @@ async def art_ray_run(args: argparse.Namespace, mode: str, storage: str) -> dict
             model.config.seed = seed
             await model.register(backend)
             startup = time.perf_counter() - start
-            runs[seed] = await run_loop(model, args, seed, overlap=mode == "overlap")
+            if mode == "pipelined":
+                runs[seed] = await pipelined_loop(model, args, seed)
+            else:
+                runs[seed] = await run_loop(model, args, seed, overlap=mode == "overlap")
             runs[seed]["startup_s"] = startup
             backend.stop_trainers()  # the next seed's trainer takes its place
             start = time.perf_counter()
@@ -283,9 +364,11 @@ def main() -> None:
     parser.add_argument(
         "--modes",
         type=lambda text: text.split(","),
-        default=["colocated"],
-        help="art-ray loops to run (colocated, split, overlap); the first is the headline",
+        default=["colocated", "pipelined"],
+        help="art-ray loops to run (colocated, pipelined, split, overlap); the first is the headline",
     )
+    parser.add_argument("--max-steps-off-policy", type=int, default=1, help="pipelined mode's bound")
+    parser.add_argument("--max-batch-groups", type=int, default=GROUPS_PER_STEP, help="pipelined mode")
     parser.add_argument("--stall-seconds", type=float, default=180, help="print the loop's tasks after")
     args = parser.parse_args()
     ours: dict[str, dict[int, dict]] = {}
@@ -351,6 +434,11 @@ def main() -> None:
         "art_ray_steps": med([len(r["steps"]) for r in runs.values()]),
         "trl_steps": med([len(t["steps"]) for t in theirs.values()]) if theirs else None,
         "busy_fraction": med([r["busy_fraction"] for r in runs.values()]),
+        **{f"busy_fraction_{m}": med([r["busy_fraction"] for r in v.values()]) for m, v in ours.items()},
+        **{
+            f"steps_{'sync' if m == 'colocated' else m}": med([len(r["steps"]) for r in v.values()])
+            for m, v in ours.items()
+        },
         "art_ray_seconds_per_step": med([r["seconds_per_step"] for r in runs.values()]),
         **{f"art_ray_{k}": med([r["mean"][k] for r in runs.values()]) for k in phases},
     }

@@ -135,7 +135,7 @@ async def test_train_streams_each_gradient_step_and_serves_the_new_step(register
     assert len(lines) == 3
     assert all(isinstance(line, GradientStep) and "loss/train" in line.metrics for line in lines[:2])
     assert isinstance(lines[2], TrainResult) and lines[2].step == 1
-    assert "time/publish_seconds" in lines[2].metrics and "loss/train" in lines[2].metrics
+    assert "time/wait_for_replicas_seconds" in lines[2].metrics and "loss/train" in lines[2].metrics
     assert await model.get_step() == 1
     served = await model.openai_client().chat.completions.create(
         model=model.get_inference_name(1), messages=[{"role": "user", "content": "Hi"}], max_tokens=4

@@ -1,10 +1,14 @@
-"""The LoRA registry: a named Ray actor that knows, per model, the adapter versions and who serves them.
+"""The LoRA registry: a named, detached Ray actor that knows, per model, the adapter versions and who
+serves them. Trainer and serving meet only here.
 
-The trainer (or anyone) `publish`es a version: its tensors are put in the object store once, owned by
-the registry (so they outlive the publisher), and the registry pushes the version to every replica of
-every subscribed Serve deployment (`DeploymentHandle.broadcast`); `publish` returns when all live
-replicas serve it. A replica that starts later asks for the latest versions before it takes traffic,
-and polls for versions it missed while starting. Trainer and serving meet only here.
+The straight line of an adapter: the trainer's rank 0 puts the packed tensors into the object store once,
+owned by the registry (`ray.put(..., _owner=registry)`: they outlive the rank and never pass through the
+driver), and hands the registry the ref. `publish` records the version at once and pushes it to every
+replica of every subscribed Serve deployment (`DeploymentHandle.broadcast`); its result (awaited only by
+callers that need it) says how many replicas serve the version. Catching up is the replicas' own: they load
+the kept versions before taking traffic, and a version they are asked for by name (`model@step`) but do
+not have yet is fetched from here on the spot. The inference app's builder creates the registry
+(`ensure_registry`); everyone else looks it up.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import pydantic
 import ray
 from ray.serve.exceptions import RayServeException
 
-from art_ray.adapters.lora_files import PackedAdapter, pack_adapter
+from art_ray.adapters.lora_files import pack_adapter
 from art_ray.adapters.spec import LoRASpec, validate_model_name
 
 logger = logging.getLogger(__name__)
@@ -47,8 +51,7 @@ class Subscription(pydantic.BaseModel):
 
 @ray.remote(num_cpus=0, max_concurrency=64)
 class LoRARegistry:
-    def __init__(self, keep_versions: int = 4) -> None:
-        self._keep_versions = keep_versions
+    def __init__(self) -> None:
         self._versions: dict[str, dict[int, AdapterVersion]] = {}
         self._subscriptions: dict[tuple[str, str], Subscription] = {}
         # Building a handle starts a router and its long poll (~100 ms): keep one per deployment.
@@ -70,6 +73,10 @@ class LoRARegistry:
     def latest_versions(self) -> list[AdapterVersion]:
         return [versions[max(versions)] for versions in self._versions.values() if versions]
 
+    def kept_versions(self) -> list[AdapterVersion]:
+        """Every version kept, oldest first per model: what a starting replica loads."""
+        return [versions[step] for versions in self._versions.values() for step in sorted(versions)]
+
     def get(self, model: str, step: int) -> AdapterVersion | None:
         return self._versions.get(model, {}).get(step)
 
@@ -82,18 +89,21 @@ class LoRARegistry:
         step: int,
         base_model: str,
         lora: dict,
-        tensors: PackedAdapter,
+        tensors: list[ray.ObjectRef],
+        keep_versions: int,
         timeout_s: float = 300.0,
     ) -> dict[str, int]:
-        """Record a version and return when every live replica serves it: {"replicas": n}."""
+        """Record a version (its tensors already in the object store, owned by this actor: a one-item
+        list, so Ray hands over the ref rather than the tensors) and push it to every live replica;
+        returns {"replicas": n} once they serve it."""
         validate_model_name(model)
-        spec = LoRASpec.model_validate(lora)
-        # Put by the registry, so the registry owns the object and it outlives the publisher.
-        ref = ray.put(tensors)
-        version = AdapterVersion(model=model, step=step, base_model=base_model, lora=spec, tensors=ref)
+        (ref,) = tensors
+        version = AdapterVersion(
+            model=model, step=step, base_model=base_model, lora=LoRASpec.model_validate(lora), tensors=ref
+        )
         versions = self._versions.setdefault(model, {})
         versions[step] = version
-        for old in sorted(versions)[: -self._keep_versions]:
+        for old in sorted(versions)[:-keep_versions]:
             del versions[old]
         replicas = await self._broadcast(version, timeout_s)
         return {"replicas": replicas}
@@ -131,20 +141,38 @@ class LoRARegistry:
         return [result for results in per_deployment for result in results]
 
 
-def get_registry(create: bool = True, keep_versions: int = 4) -> ray.actor.ActorHandle:
-    """The cluster's registry actor (detached, so it outlives the driver that created it)."""
-    if create:
-        return LoRARegistry.options(
-            name=REGISTRY_NAME, namespace=REGISTRY_NAMESPACE, lifetime="detached", get_if_exists=True
-        ).remote(keep_versions)
+def ensure_registry() -> ray.actor.ActorHandle:
+    """Create the cluster's registry unless it runs (detached: it outlives the driver that started it).
+    Called where the inference app is built, the one place that needs it first."""
+    return LoRARegistry.options(
+        name=REGISTRY_NAME, namespace=REGISTRY_NAMESPACE, lifetime="detached", get_if_exists=True
+    ).remote()
+
+
+def get_registry() -> ray.actor.ActorHandle:
+    """The running registry; ValueError if no inference app was ever built on this cluster."""
     return ray.get_actor(REGISTRY_NAME, namespace=REGISTRY_NAMESPACE)
 
 
+def put_adapter(registry: ray.actor.ActorHandle, tensors: dict) -> list[ray.ObjectRef]:
+    """The packed tensors in the object store, owned by the registry, as `publish` takes them."""
+    return [ray.put(pack_adapter(tensors), _owner=registry)]
+
+
 async def publish_adapter(
-    model: str, step: int, base_model: str, lora: LoRASpec, tensors: dict, timeout_s: float = 300.0
+    model: str,
+    step: int,
+    base_model: str,
+    lora: LoRASpec,
+    tensors: dict,
+    keep_versions: int = 3,
+    timeout_s: float = 300.0,
 ) -> int:
-    """Publish a version and wait until every live replica serves it; returns the replica count."""
+    """Publish a version from this process (tools and tests; the trainer publishes from its rank 0) and
+    wait until every live replica serves it; returns the replica count."""
     registry = get_registry()
-    packed = pack_adapter(tensors)
-    result = await registry.publish.remote(model, step, base_model, lora.model_dump(), packed, timeout_s)
+    ref = put_adapter(registry, tensors)
+    result = await registry.publish.remote(
+        model, step, base_model, lora.model_dump(), ref, keep_versions, timeout_s
+    )
     return result["replicas"]

@@ -141,9 +141,15 @@ class HTTPBackend:
         if not finished:
             raise RemoteTrainingError(502, "stream_error", "the train stream ended before the step finished")
 
-    async def log(self, model: TrainableModel, groups: list[TrajectoryGroup], split: str) -> dict[str, float]:
-        reply = await self._post("log", LogRequest(model=model.name, groups=groups, split=split), LogResponse)
-        return reply.metrics
+    async def log(
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        split: str,
+        metrics: dict[str, float] | None = None,
+    ) -> dict[str, float]:
+        body = LogRequest(model=model.name, groups=groups, split=split, metrics=metrics or {})
+        return (await self._post("log", body, LogResponse)).metrics
 
     async def get_step(self, model: TrainableModel) -> int:
         return (await self._post("step", ModelRef(model=model.name), StepResponse)).step

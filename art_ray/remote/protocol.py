@@ -86,6 +86,7 @@ class TrainSFTRequest(ModelRef):
 class LogRequest(ModelRef):
     groups: list[TrajectoryGroup]
     split: str = "val"
+    metrics: dict[str, float] = pydantic.Field(default_factory=dict)
 
     @pydantic.field_validator("split")
     @classmethod

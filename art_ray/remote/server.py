@@ -198,7 +198,7 @@ class TrainingServer:
     @app.post("/log")
     async def log(self, request: Request) -> Response:
         async def handle(body: LogRequest) -> Response:
-            metrics = await self.backend.log(self._model(body.model), body.groups, body.split)
+            metrics = await self.backend.log(self._model(body.model), body.groups, body.split, body.metrics)
             return JSONResponse(LogResponse(metrics=metrics).model_dump(mode="json"))
 
         return await self._call(request, LogRequest, handle)

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import shutil
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,23 @@ class AdapterLoadError(RuntimeError):
 
 
 class AdapterStore:
-    def __init__(self, serving_models: Any, engine: Any, folder: Path, keep_versions: int) -> None:
+    """`source(model, step)`: where a version this replica lacks is fetched from (the registry), or None."""
+
+    def __init__(
+        self,
+        serving_models: Any,
+        engine: Any,
+        folder: Path,
+        keep_versions: int,
+        base_model: str,
+        source: Callable[[str, int], Awaitable[AdapterVersion | None]],
+    ) -> None:
         self._serving_models = serving_models  # vLLM's OpenAIServingModels: names -> LoRARequest
         self._engine = engine
         self._folder = folder
         self._keep_versions = keep_versions
+        self._base_model = base_model
+        self._source = source
         # model -> step -> (object ref id, folder) of the loaded version
         self._loaded: dict[str, dict[int, tuple[str, Path]]] = {}
         self._lock = asyncio.Lock()
@@ -36,6 +49,21 @@ class AdapterStore:
 
     def served_models(self) -> dict[str, list[int]]:
         return {model: sorted(steps) for model, steps in self._loaded.items() if steps}
+
+    def serves_base(self, version: AdapterVersion) -> bool:
+        # The registry is cluster-wide; apps on other base models ignore versions that are not theirs.
+        return version.base_model == self._base_model
+
+    async def ensure(self, model: str, step: int) -> bool:
+        """Whether `model@step` is served here, fetching it first if this replica lacks it (a version
+        published while the replica started, or evicted and asked for again)."""
+        if step in self._loaded.get(model, {}):
+            return True
+        version = await self._source(model, step)
+        if version is None or not self.serves_base(version):
+            return False
+        await self.load(version)
+        return True
 
     async def load(self, version: AdapterVersion) -> bool:
         """Serve `version` (idempotent); returns False if it was already loaded."""

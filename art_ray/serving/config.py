@@ -43,8 +43,6 @@ class ServingConfig(pydantic.BaseModel):
     chat_template: str | None = None
     # LoRA versions of each model kept loaded per replica; older versions are evicted.
     keep_versions: int = pydantic.Field(default=3, ge=1)
-    # Safety net for replicas that started while a version was being published.
-    registry_poll_seconds: float = pydantic.Field(default=2.0, gt=0)
     # Node-local folder where replicas write adapter files for vLLM (no shared filesystem needed).
     adapter_dir: str | None = None
     # Trained adapters to serve from checkpoints (a production endpoint without a trainer).

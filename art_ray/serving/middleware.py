@@ -1,10 +1,12 @@
 """ASGI middleware in front of vLLM's routes: ART model names, and token data on every choice.
 
-- `name` means the latest version `name@step`; `name@step` passes through (vLLM answers 404 for a
-  version that is not loaded). An invalid name is a 400, the hidden base model a 404.
+- `name` means the latest version `name@step` this replica serves; `name@step` is fetched from the
+  registry first if it was published but is not loaded here yet (vLLM answers 404 for a version nobody
+  has). An invalid name is a 400, the hidden base model a 404.
 - Generation requests default to `logprobs` and `return_token_ids`, so every choice carries its
-  sampled token ids and logprobs; non-streaming chat choices also get the response's
-  `prompt_token_ids`, so a Choice appended to a Trajectory alone holds what the trainer needs.
+  sampled token ids and logprobs; non-streaming choices also get `policy_version` (the step that sampled
+  them) and, in chat, the response's `prompt_token_ids`, so a Choice appended to a Trajectory alone holds
+  what the trainer needs.
 - `/v1/models` lists the loaded versions plus one alias per model for its latest version.
 """
 
@@ -32,6 +34,10 @@ class VersionLookup(Protocol):
     def latest_step(self, model: str) -> int | None: ...
 
     def served_models(self) -> dict[str, list[int]]: ...
+
+    async def ensure(self, model: str, step: int) -> bool:
+        """Whether `model@step` is served, fetched first from the registry if it was published."""
+        ...
 
 
 def error_body(status: int, message: str, error_type: str, param: str | None = None) -> bytes:
@@ -75,7 +81,7 @@ class ModelRoutingMiddleware:
             await self.app(scope, _replay(body, receive), send)
             return
         try:
-            self._rewrite_request(payload, chat)
+            await self._rewrite_request(payload, chat)
         except RequestRejected as rejected:
             await _send_json(
                 send,
@@ -87,11 +93,12 @@ class ModelRoutingMiddleware:
         headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
         headers.append((b"content-length", str(len(new_body)).encode()))
         scope = {**scope, "headers": headers}
-        if chat and not payload.get("stream"):
-            send = _rewrite_json(send, _copy_prompt_token_ids_into_choices)
+        if not payload.get("stream"):
+            _, step = parse_versioned_name(payload["model"])
+            send = _rewrite_json(send, lambda response: _annotate_choices(response, step))
         await self.app(scope, _replay(new_body, receive), send)
 
-    def _rewrite_request(self, payload: dict, chat: bool) -> None:
+    async def _rewrite_request(self, payload: dict, chat: bool) -> None:
         model = payload.get("model")
         if not isinstance(model, str) or not model:
             raise RequestRejected(
@@ -108,6 +115,8 @@ class ModelRoutingMiddleware:
             if latest is None:
                 raise RequestRejected(404, f"The model `{model}` does not exist.", "NotFoundError")
             payload["model"] = versioned_name(name, latest)
+        else:
+            await self.versions.ensure(name, step)  # if not: vLLM answers 404 for a version nobody has
         payload.setdefault("return_token_ids", True)
         if chat:
             if payload.get("logprobs") is None:
@@ -126,11 +135,15 @@ class ModelRoutingMiddleware:
         return listing
 
 
-def _copy_prompt_token_ids_into_choices(response: dict) -> dict:
+def _annotate_choices(response: dict, step: int | None) -> dict:
+    """Each choice carries what a Trajectory needs of it alone: the response's `prompt_token_ids` (chat),
+    and `policy_version`, the trained step that sampled it."""
     prompt_token_ids = response.get("prompt_token_ids")
-    if prompt_token_ids is not None:
-        for choice in response.get("choices", []):
+    for choice in response.get("choices", []):
+        if prompt_token_ids is not None:
             choice.setdefault("prompt_token_ids", prompt_token_ids)
+        if step is not None:
+            choice["policy_version"] = step
     return response
 
 

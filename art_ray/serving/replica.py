@@ -13,7 +13,7 @@ from ray import serve
 from starlette.middleware import Middleware
 
 from art_ray import storage
-from art_ray.adapters.registry import AdapterVersion, get_registry
+from art_ray.adapters.registry import AdapterVersion, ensure_registry, get_registry
 from art_ray.adapters.spec import validate_model_name
 from art_ray.colocation import EngineHandover
 from art_ray.serving.adapter_store import AdapterStore
@@ -34,29 +34,32 @@ class InferenceReplica:
         context = serve.get_replica_context()
         replica_id = context.replica_id.unique_id
         root = Path(config.adapter_dir or tempfile.gettempdir()) / "art_ray_adapters"
+        self._registry = get_registry()
         self._adapters = AdapterStore(
             self._app.state.openai_serving_models,
             self._engine,
             root / f"{config.app_name}-{replica_id}-{os.getpid()}",
             config.keep_versions,
+            config.engine.model,
+            self._registry.get.remote,
         )
         # Innermost middleware, so vLLM's API-key check runs before any model lookup.
         self._app.user_middleware.append(Middleware(ModelRoutingMiddleware, versions=self._adapters))
         self._app.middleware_stack = None  # vLLM's setup already built the stack; rebuild it with ours
-        self._registry = get_registry()
         await self._registry.subscribe.remote(context.app_name, context.deployment)
-        # Before taking traffic: serve the configured checkpoints and the latest published versions.
+        # Before taking traffic: serve the configured checkpoints and the versions the registry keeps.
         for checkpoint in config.checkpoints:
             await self._load_checkpoint(checkpoint, root / "checkpoints" / f"{replica_id}-{os.getpid()}")
-        await self._sync_with_registry()
-        self._poller = asyncio.create_task(self._poll_registry())
+        for version in await self._registry.kept_versions.remote():
+            if self._adapters.serves_base(version):
+                await self._adapters.load(version)
 
     def __serve_build_asgi_app__(self):  # type: ignore[no-untyped-def]
         return self._app
 
     async def load_adapter(self, version: AdapterVersion) -> dict[str, list[int]]:
         """Called on every replica by the registry's broadcast; returns what this replica serves."""
-        if self._serves_base(version):
+        if self._adapters.serves_base(version):
             await self._adapters.load(version)
         return self._adapters.served_models()
 
@@ -71,10 +74,6 @@ class InferenceReplica:
         else:
             raise ValueError(f"unknown hand-over action {action!r}")
         return True
-
-    def _serves_base(self, version: AdapterVersion) -> bool:
-        # The registry is cluster-wide; apps on other base models ignore versions that are not theirs.
-        return version.base_model == self._config.engine.model
 
     async def load_adapter_folder(self, model: str, step: int, folder: str) -> dict[str, list[int]]:
         """Serve a PEFT adapter folder on this node's disk (e.g. a checkpoint) as `model@step`."""
@@ -94,27 +93,7 @@ class InferenceReplica:
     async def check_health(self) -> None:
         await self._engine.check_health()
 
-    async def _sync_with_registry(self) -> None:
-        for version in await self._registry.latest_versions.remote():
-            if not self._serves_base(version):
-                continue
-            if self._adapters.latest_step(version.model) is None or (
-                version.step > (self._adapters.latest_step(version.model) or 0)
-            ):
-                await self._adapters.load(version)
-
-    async def _poll_registry(self) -> None:
-        while True:
-            await asyncio.sleep(self._config.registry_poll_seconds)
-            try:
-                await self._sync_with_registry()
-            except Exception:  # a transient registry error must not kill the replica
-                logger.exception("registry poll failed")
-
     def __del__(self) -> None:
-        poller = getattr(self, "_poller", None)
-        if poller is not None:
-            poller.cancel()
         engine = getattr(self, "_engine", None)
         if engine is not None:
             engine.shutdown()
@@ -132,7 +111,9 @@ def replica_actor_options(config: ServingConfig) -> dict:
 
 
 def build_inference_app(config: ServingConfig) -> serve.Application:
-    """A Serve application (`serve.run(app)`) serving the OpenAI API for the configured base model."""
+    """A Serve application (`serve.run(app)`) serving the OpenAI API for the configured base model; the
+    LoRA registry its replicas subscribe to is created here if the cluster has none."""
+    ensure_registry()
     deployment = serve.deployment(
         InferenceReplica,
         name=DEPLOYMENT_NAME,

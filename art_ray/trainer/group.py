@@ -18,7 +18,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from art_ray import storage
-from art_ray.adapters.registry import get_registry, publish_adapter
+from art_ray.adapters.registry import get_registry
 from art_ray.cpu_threads import trainer_openmp_env
 from art_ray.placement import PlacementError
 from art_ray.train_config import SFTConfig, TrainConfig
@@ -90,7 +90,9 @@ class TrainerGroup:
             )
             self.step = steps[0]
         if self.publish:
-            await self._publish(await self._adapter())
+            registry = get_registry()
+            captured = [worker.publish_adapter.remote(registry) for worker in self.workers]
+            await (await captured[0])[0]  # serving before register returns
         return self.step
 
     async def train(self, groups: list[TrajectoryGroup], config: TrainConfig) -> AsyncIterator[TrainEvent]:
@@ -115,7 +117,9 @@ class TrainerGroup:
             yield event
 
     async def _run(self, prepare: Callable[[], Any], config: TrainConfig) -> AsyncIterator[TrainEvent]:
+        waited = time.perf_counter()
         await self.wait_for_checkpoint()  # the last step's write: its error, if any, surfaces here
+        waited = time.perf_counter() - waited
         if self.config.colocated:
             await self._handover("release")
         try:
@@ -132,27 +136,29 @@ class TrainerGroup:
                 yield gradient_steps[-1]
             await followers
             self.step = await self.workers[0].get_step.remote()
-            adapter = await self._adapter()
-            start = time.perf_counter()
-            # Queued behind the adapter read on each rank, so it runs while the replicas load the adapter;
-            # the next train call queues behind it.
-            folder = self.config.checkpoint_dir(self.step)
-            saved = [worker.save_checkpoint.remote(folder) for worker in self.workers]
-            # rank 0 marks it complete once every rank's save finished (Ray resolves `saved` first)
-            self._checkpoint_written = self.workers[0].mark_checkpoint_complete.remote(folder, *saved)
             if self.config.colocated and self.config.device == "gpu":
                 # the trainer's memory must be free before the engines wake
                 await asyncio.gather(*(worker.offload.remote() for worker in self.workers))
-            checkpoint_blocked = time.perf_counter() - start
         finally:
             if self.config.colocated:
                 await self._handover("reclaim")
+        # The adapter goes from rank 0 to the object store (owned by the registry) and the registry pushes
+        # it; the checkpoint is written after the adapter capture, on each rank, while replicas load.
         start = time.perf_counter()
-        if self.publish:
-            await self._publish(adapter)
+        registry = get_registry() if self.publish else None
+        captured = [worker.publish_adapter.remote(registry) for worker in self.workers]
+        folder = self.config.checkpoint_dir(self.step)
+        saved = [worker.save_checkpoint.remote(folder) for worker in self.workers]
+        # rank 0 marks it complete once every rank's save finished (Ray resolves `saved` first)
+        self._checkpoint_written = self.workers[0].mark_checkpoint_complete.remote(folder, *saved)
+        published = await captured[0]
+        enqueued = time.perf_counter()
+        if published is not None and config.wait_for_replicas:
+            await published[0]
         timings = {
-            "time/checkpoint_seconds": checkpoint_blocked,
-            "time/publish_seconds": time.perf_counter() - start,
+            "time/checkpoint_wait_seconds": waited,
+            "time/publish_enqueue_seconds": enqueued - start,
+            "time/wait_for_replicas_seconds": time.perf_counter() - enqueued,
         }
         yield TrainResult.of(self.step, gradient_steps, timings, checkpoint_path=folder)
 
@@ -170,18 +176,11 @@ class TrainerGroup:
         async for ref in stream:
             await ref
 
-    async def _adapter(self) -> dict:
+    async def adapter_tensors(self) -> dict:
+        """The current adapter, fetched to the caller (tests, tools; training never does this)."""
         if self.config.settings.zero_stage == 3:  # every rank takes part in the gather
             return (await asyncio.gather(*(w.adapter_tensors.remote() for w in self.workers)))[0]
         return await self.workers[0].adapter_tensors.remote()
-
-    async def _publish(self, adapter: dict) -> int:
-        return await publish_adapter(
-            self.config.model, self.step, self.config.base_model, self.config.settings.lora, adapter
-        )
-
-    async def adapter_tensors(self) -> dict:
-        return await self._adapter()
 
     def shutdown(self, checkpoint_timeout_s: float = 300.0) -> None:
         if self._checkpoint_written is not None:  # a background write finishes before its writers go

@@ -283,6 +283,25 @@ class TrainerWorker:
         state = get_peft_model_state_dict(module)
         return {name: tensor.detach().float().cpu().clone() for name, tensor in state.items()}
 
+    def publish_adapter(self, registry: ray.actor.ActorHandle | None) -> list[ray.ObjectRef] | None:
+        """Every rank (a ZeRO-3 gather needs them all); rank 0 then puts the adapter into the object
+        store once, owned by the registry, and publishes it. Returns at once with [the publish call's ref]
+        (its result: how many replicas serve the step), which the group awaits only when it must."""
+        from art_ray.adapters.registry import put_adapter
+
+        adapter = self.adapter_tensors()
+        if self.rank != 0 or registry is None:
+            return None
+        published = registry.publish.remote(
+            self.config.model,
+            self.step,
+            self.config.base_model,
+            self.settings.lora.model_dump(),
+            put_adapter(registry, adapter),
+            self.settings.keep_versions,
+        )
+        return [published]
+
     def save_checkpoint(self, folder: str) -> None:
         """Every rank saves its DeepSpeed state (adapter, optimizer), and rank 0 the PEFT adapter folder
         a replica can serve; remote roots get it uploaded. The group marks the checkpoint complete."""

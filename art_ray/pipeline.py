@@ -1,0 +1,364 @@
+"""The pipelined training loop: rollouts keep running while the trainer trains (the split layout's loop).
+
+Concepts and names follow ART 0.5's PipelineTrainer. Rollout workers take scenarios and run the user's
+rollout function (on the driver's loop, or as Ray work inside it with `remote_rollout`), each making a
+group; the training stage collects `min_batch_size` to `max_batch_size` groups and trains a step on them,
+returning once the step is published (the replicas load it while the next step trains). Each trajectory
+records the policy versions (trained steps) that sampled it; a group sampled more than
+`max_steps_off_policy` steps before the policy it would train is dropped and counted, never trained (the
+loss keeps the importance ratio against the sampling logprobs). State (step, scenario offset, counters)
+is saved after every step, so a restarted run resumes at the same step and scenario.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import statistics
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from typing import Any, Generic, TypeVar
+
+import pydantic
+
+from art_ray.model import TrainableModel
+from art_ray.train_config import TrainConfig
+from art_ray.trajectories import TrajectoryGroup
+
+Scenario = TypeVar("Scenario")
+RolloutFn = Callable[[TrainableModel, Any], Awaitable[TrajectoryGroup]]
+EvalFn = Callable[[TrainableModel, int], Awaitable[list[TrajectoryGroup]]]
+STATE_FILE = "pipeline_state.json"
+
+
+class PipelineState(pydantic.BaseModel):
+    """What a restarted run needs: the step trained last and how many scenarios were taken."""
+
+    step: int = 0
+    scenario_offset: int = 0
+    groups_trained: int = 0
+    groups_stale: int = 0
+    groups_without_signal: int = 0
+    groups_failed: int = 0
+    last_eval_step: int | None = None
+
+
+class StepReport(pydantic.BaseModel):
+    """One pipelined step, as printed in the step table and logged to MLflow (`pipeline/*`)."""
+
+    step: int
+    groups: int
+    trajectories: int
+    reward: float
+    steps_off_policy_mean: float
+    steps_off_policy_max: int
+    groups_dropped_stale: int
+    queue_depth: int
+    engine_busy: float  # share of the step's wall time with at least one rollout in flight
+    trainer_busy: float  # share of the step's wall time inside the train call
+    seconds: float
+
+    def metrics(self) -> dict[str, float]:
+        names = ("steps_off_policy_mean", "steps_off_policy_max", "groups_dropped_stale", "queue_depth")
+        return {
+            **{f"pipeline/{name}": float(getattr(self, name)) for name in names},
+            "pipeline/engine_busy_fraction": self.engine_busy,
+            "pipeline/trainer_busy_fraction": self.trainer_busy,
+            "pipeline/step_seconds": self.seconds,
+        }
+
+
+class _BusyClock:
+    """Wall seconds during which at least one of some activities ran."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.total = 0.0
+        self._since = 0.0
+
+    def enter(self) -> None:
+        if self.active == 0:
+            self._since = time.perf_counter()
+        self.active += 1
+
+    def leave(self) -> None:
+        self.active -= 1
+        if self.active == 0:
+            self.total += time.perf_counter() - self._since
+
+    def read(self) -> float:
+        return self.total + (time.perf_counter() - self._since if self.active else 0.0)
+
+
+class PipelineTrainer(Generic[Scenario]):
+    """`rollout_fn(model, scenario)` returns a TrajectoryGroup (or a pending one, awaited here);
+    `scenarios` is an iterable or async iterator; `eval_fn(model, step)` returns groups logged as "val"
+    every `eval_every_n_steps` steps. `max_batch_size` defaults to `min_batch_size`; `max_steps` counts
+    from the step the run starts at; `train_config` is each step's TrainConfig. `state_path` defaults to
+    the model's folder for a RayBackend, `./.art_ray/{project}/{name}/` for other backends."""
+
+    def __init__(
+        self,
+        model: TrainableModel,
+        rollout_fn: RolloutFn,
+        scenarios: Iterable[Scenario] | AsyncIterator[Scenario],
+        *,
+        train_config: TrainConfig | None = None,
+        num_rollout_workers: int = 16,
+        min_batch_size: int = 4,
+        max_batch_size: int | None = None,
+        max_steps_off_policy: int = 4,
+        max_steps: int | None = None,
+        eval_fn: EvalFn | None = None,
+        eval_every_n_steps: int = 20,
+        resume: bool = True,
+        state_path: str | None = None,
+        verbose: bool = True,
+    ) -> None:
+        if min_batch_size < 1 or num_rollout_workers < 1 or max_steps_off_policy < 0:
+            raise ValueError("min_batch_size and num_rollout_workers must be >= 1, max_steps_off_policy >= 0")
+        self.model = model
+        self.rollout_fn = rollout_fn
+        self.scenarios = scenarios
+        self.train_config = (train_config or TrainConfig()).model_copy(update={"wait_for_replicas": False})
+        self.num_rollout_workers = num_rollout_workers
+        self.min_batch_size = min_batch_size
+        self.max_batch_size = max(max_batch_size or min_batch_size, min_batch_size)
+        self.max_steps_off_policy = max_steps_off_policy
+        self.max_steps = max_steps
+        self.eval_fn = eval_fn
+        self.eval_every_n_steps = eval_every_n_steps
+        self.resume = resume
+        self.state_path = state_path
+        self.verbose = verbose
+        self.reports: list[StepReport] = []
+        self.state = PipelineState()
+        # Rollouts produce at most this many groups ahead of the trainer (ART's queue bound).
+        self._queue: asyncio.Queue[TrajectoryGroup] = asyncio.Queue(
+            max(1, max_steps_off_policy) * self.max_batch_size
+        )
+        self._engine = _BusyClock()
+        self._version_changed = asyncio.Condition()
+        self._exhausted = False
+        self._taken = 0
+        self._scenario_lock = asyncio.Lock()
+        self._stop = False
+
+    # --- public ---------------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Stop after the step being trained (rollouts in flight are cancelled; the state is saved)."""
+        self._stop = True
+
+    async def train(self) -> list[StepReport]:
+        """Run until `max_steps` steps were trained or the scenarios run out; returns the step reports."""
+        self.state_path = self.state_path or self._default_state_path()
+        step = await self.model.get_step()
+        self.state = self._load_state(step)
+        start_step = self.state.step = step
+        self._taken = self.state.scenario_offset
+        scenarios = self._scenario_stream(self.state.scenario_offset)
+        workers = [
+            asyncio.ensure_future(self._rollout_worker(scenarios)) for _ in range(self.num_rollout_workers)
+        ]
+        try:
+            await self._training_stage(start_step)
+        finally:
+            for worker in workers:
+                worker.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+        return self.reports
+
+    # --- rollouts -------------------------------------------------------------------------------
+
+    async def _scenario_stream(self, skip: int) -> AsyncIterator[Any]:
+        if isinstance(self.scenarios, AsyncIterator) or hasattr(self.scenarios, "__aiter__"):
+            index = 0
+            async for scenario in self.scenarios:  # type: ignore[union-attr]
+                if index >= skip:
+                    yield scenario
+                index += 1
+            return
+        iterator: Iterator[Any] = iter(self.scenarios)  # type: ignore[arg-type]
+        for _ in range(skip):
+            if next(iterator, _END) is _END:
+                return
+        for scenario in iterator:
+            yield scenario
+
+    async def _next_scenario(self, scenarios: AsyncIterator[Any]) -> tuple[bool, Any]:
+        async with self._scenario_lock:  # one reader at a time: an async generator is not reentrant
+            if self._exhausted:
+                return False, None
+            try:
+                scenario = await anext(scenarios)
+            except StopAsyncIteration:
+                self._exhausted = True
+                return False, None
+            self._taken += 1
+            return True, scenario
+
+    async def _rollout_worker(self, scenarios: AsyncIterator[Any]) -> None:
+        while True:
+            found, scenario = await self._next_scenario(scenarios)
+            if not found:
+                return
+            initial = self.state.step
+            self._engine.enter()
+            try:
+                group = self.rollout_fn(self.model, scenario)
+                group = await group if inspect.isawaitable(group) else group
+            except Exception as error:  # a rollout function that raised: counted, the loop goes on
+                print(f"art-ray pipeline: a rollout failed: {type(error).__name__}: {error}", file=sys.stderr)
+                self.state.groups_failed += 1
+                continue
+            finally:
+                self._engine.leave()
+            if not isinstance(group, TrajectoryGroup):
+                raise TypeError(f"rollout_fn returned {type(group).__name__}, expected a TrajectoryGroup")
+            for trajectory in group.trajectories:
+                trajectory.stamp_policy_versions(initial, self.state.step)
+            await self._queue.put(group)
+
+    # --- training -------------------------------------------------------------------------------
+
+    async def _training_stage(self, start_step: int) -> None:
+        last = time.perf_counter()
+        engine_last = self._engine.read()
+        while not self._stop and (self.max_steps is None or self.state.step - start_step < self.max_steps):
+            batch, stale, depth = await self._collect_batch()
+            if not batch:
+                return  # the scenarios ran out
+            policy = self.state.step
+            ages = [policy - (t.initial_policy_version or 0) for g in batch for t in g.trajectories]
+            started = time.perf_counter()
+            new_step = await self.model.train(batch, self.train_config, verbose=False)
+            now = time.perf_counter()
+            engine_now = self._engine.read()
+            report = StepReport(
+                step=new_step,
+                groups=len(batch),
+                trajectories=sum(len(g) for g in batch),
+                reward=statistics.fmean(t.reward for g in batch for t in g.trajectories),
+                steps_off_policy_mean=statistics.fmean(ages) if ages else 0.0,
+                steps_off_policy_max=max(ages, default=0),
+                groups_dropped_stale=stale,
+                queue_depth=depth,
+                engine_busy=min(1.0, (engine_now - engine_last) / max(now - last, 1e-9)),
+                trainer_busy=(now - started) / max(now - last, 1e-9),
+                seconds=now - last,
+            )
+            last, engine_last = now, engine_now
+            async with self._version_changed:
+                self.state.step = new_step
+                self._version_changed.notify_all()
+            self.state.groups_trained += len(batch)
+            self.state.scenario_offset = self._taken
+            self.reports.append(report)
+            await self.model.log([], split="pipeline", metrics=report.metrics())
+            self._save_state()
+            if self.verbose:
+                self._print_row(report)
+            await self._maybe_eval(new_step)
+
+    async def _collect_batch(self) -> tuple[list[TrajectoryGroup], int, int]:
+        """Wait for `min_batch_size` usable groups, then take what else is queued, up to the maximum.
+        Returns the batch, the stale groups dropped meanwhile, and the queue depth found."""
+        batch: list[TrajectoryGroup] = []
+        stale = 0
+        depth = self._queue.qsize()
+        while len(batch) < self.max_batch_size:
+            if len(batch) >= self.min_batch_size and self._queue.empty():
+                break
+            if self._exhausted and self._queue.empty() and self._engine.active == 0:
+                break
+            try:
+                group = await asyncio.wait_for(self._queue.get(), timeout=0.5)
+            except TimeoutError:
+                continue
+            verdict = self._verdict(group)
+            if verdict == "stale":
+                stale += 1
+                self.state.groups_stale += 1
+            elif verdict == "no_signal":
+                self.state.groups_without_signal += 1
+            elif verdict == "failed":
+                self.state.groups_failed += 1
+            else:
+                batch.append(group)
+        return batch, stale, depth
+
+    def _verdict(self, group: TrajectoryGroup) -> str:
+        if not group.trajectories:
+            return "failed"
+        versions = [
+            t.initial_policy_version for t in group.trajectories if t.initial_policy_version is not None
+        ]
+        if versions and self.state.step - min(versions) > self.max_steps_off_policy:
+            return "stale"
+        rewards = group.rewards
+        if len(rewards) < 2 or max(rewards) - min(rewards) < 1e-12:
+            return "no_signal"
+        return "trainable"
+
+    async def _maybe_eval(self, step: int) -> None:
+        if self.eval_fn is None:
+            return
+        last = self.state.last_eval_step
+        if last is not None and step - last < self.eval_every_n_steps:
+            return
+        groups = await self.eval_fn(self.model, step)
+        await self.model.log(groups, split="val")
+        self.state.last_eval_step = step
+        self._save_state()
+
+    # --- state ----------------------------------------------------------------------------------
+
+    def _default_state_path(self) -> str:
+        backend = self.model.backend
+        if getattr(backend, "storage", None) is not None:  # a RayBackend: beside the checkpoints
+            return f"{backend.model_dir(self.model)}/{STATE_FILE}"
+        return os.path.join(".art_ray", self.model.project, self.model.name, STATE_FILE)
+
+    def _load_state(self, step: int) -> PipelineState:
+        from art_ray import storage
+
+        assert self.state_path is not None
+        if not self.resume or not storage.exists(self.state_path):
+            return PipelineState(step=step)
+        state = PipelineState.model_validate_json(storage.read_text(self.state_path))
+        if state.step != step:
+            print(
+                f"art-ray pipeline: the saved state is at step {state.step} but the model resumed at step "
+                f"{step} (its newest complete checkpoint); continuing from step {step} and scenario "
+                f"{state.scenario_offset}",
+                file=sys.stderr,
+            )
+        return state
+
+    def _save_state(self) -> None:
+        from art_ray import storage
+
+        assert self.state_path is not None
+        if "://" not in self.state_path:
+            os.makedirs(os.path.dirname(os.path.abspath(self.state_path)), exist_ok=True)
+        storage.write_text(self.state_path, self.state.model_dump_json())
+
+    def _print_row(self, report: StepReport) -> None:
+        if len(self.reports) == 1:
+            print(
+                "step  groups  reward  off-policy mean/max  stale  queue  engine busy  trainer busy  seconds",
+                flush=True,
+            )
+        print(
+            f"{report.step:>4}  {report.groups:>6}  {report.reward:>6.3f}  "
+            f"{report.steps_off_policy_mean:>10.2f} / {report.steps_off_policy_max:<6}  "
+            f"{report.groups_dropped_stale:>5}  {report.queue_depth:>5}  {report.engine_busy:>11.2f}  "
+            f"{report.trainer_busy:>12.2f}  {report.seconds:>7.1f}",
+            flush=True,
+        )
+
+
+_END = object()
