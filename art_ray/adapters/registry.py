@@ -1,14 +1,14 @@
 """The LoRA registry: a named, detached Ray actor that knows, per model, the adapter versions and who
 serves them. Trainer and serving meet only here.
 
-The straight line of an adapter: the trainer's rank 0 puts the packed tensors into the object store once,
-owned by the registry (`ray.put(..., _owner=registry)`: they outlive the rank and never pass through the
-driver), and hands the registry the ref. `publish` records the version at once and pushes it to every
-replica of every subscribed Serve deployment (`DeploymentHandle.broadcast`); its result (awaited only by
-callers that need it) says how many replicas serve the version. Catching up is the replicas' own: they load
-the kept versions before taking traffic, and a version they are asked for by name (`model@step`) but do
-not have yet is fetched from here on the spot. The inference app's builder creates the registry
-(`ensure_registry`); everyone else looks it up.
+The straight line of an adapter: the trainer's rank 0 puts the packed tensors into the object store once
+and hands the registry the ref (the tensors never pass through the driver). Ray 2.56 removed `ray.put`'s
+`_owner`, so they stay owned by the rank that made them; the registry borrows them. `publish` records
+the version at once and pushes it to every replica of every subscribed Serve deployment
+(`DeploymentHandle.broadcast`); its result (awaited only by callers that need it) says how many replicas
+serve the version. Catching up is the replicas' own: they load the kept versions before taking traffic,
+and a version they are asked for by name (`model@step`) but do not have yet is fetched from here on the
+spot. The inference app's builder creates the registry (`ensure_registry`); everyone else looks it up.
 """
 
 from __future__ import annotations
@@ -93,9 +93,9 @@ class LoRARegistry:
         keep_versions: int,
         timeout_s: float = 300.0,
     ) -> dict[str, int]:
-        """Record a version (its tensors already in the object store, owned by this actor: a one-item
-        list, so Ray hands over the ref rather than the tensors) and push it to every live replica;
-        returns {"replicas": n} once they serve it."""
+        """Record a version (its tensors already in the object store: a one-item list, so Ray hands over
+        the ref rather than the tensors) and push it to every live replica; returns {"replicas": n} once
+        they serve it."""
         validate_model_name(model)
         (ref,) = tensors
         version = AdapterVersion(
@@ -154,9 +154,9 @@ def get_registry() -> ray.actor.ActorHandle:
     return ray.get_actor(REGISTRY_NAME, namespace=REGISTRY_NAMESPACE)
 
 
-def put_adapter(registry: ray.actor.ActorHandle, tensors: dict) -> list[ray.ObjectRef]:
-    """The packed tensors in the object store, owned by the registry, as `publish` takes them."""
-    return [ray.put(pack_adapter(tensors), _owner=registry)]
+def put_adapter(tensors: dict) -> list[ray.ObjectRef]:
+    """The packed tensors in the object store, as `publish` takes them (owned by this process)."""
+    return [ray.put(pack_adapter(tensors))]
 
 
 async def publish_adapter(
@@ -171,7 +171,7 @@ async def publish_adapter(
     """Publish a version from this process (tools and tests; the trainer publishes from its rank 0) and
     wait until every live replica serves it; returns the replica count."""
     registry = get_registry()
-    ref = put_adapter(registry, tensors)
+    ref = put_adapter(tensors)
     result = await registry.publish.remote(
         model, step, base_model, lora.model_dump(), ref, keep_versions, timeout_s
     )

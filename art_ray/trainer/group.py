@@ -142,8 +142,8 @@ class TrainerGroup:
         finally:
             if self.config.colocated:
                 await self._handover("reclaim")
-        # The adapter goes from rank 0 to the object store (owned by the registry) and the registry pushes
-        # it; the checkpoint is written after the adapter capture, on each rank, while replicas load.
+        # The adapter goes from rank 0 to the object store and the registry pushes it; the checkpoint is
+        # written after the adapter capture, on each rank, while the replicas load it.
         start = time.perf_counter()
         registry = get_registry() if self.publish else None
         captured = [worker.publish_adapter.remote(registry) for worker in self.workers]

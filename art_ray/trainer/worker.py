@@ -285,8 +285,8 @@ class TrainerWorker:
 
     def publish_adapter(self, registry: ray.actor.ActorHandle | None) -> list[ray.ObjectRef] | None:
         """Every rank (a ZeRO-3 gather needs them all); rank 0 then puts the adapter into the object
-        store once, owned by the registry, and publishes it. Returns at once with [the publish call's ref]
-        (its result: how many replicas serve the step), which the group awaits only when it must."""
+        store once (it owns it; the registry borrows it) and publishes it. Returns at once with [the
+        publish call's ref] (its result: how many replicas serve the step), awaited only when needed."""
         from art_ray.adapters.registry import put_adapter
 
         adapter = self.adapter_tensors()
@@ -297,7 +297,7 @@ class TrainerWorker:
             self.step,
             self.config.base_model,
             self.settings.lora.model_dump(),
-            put_adapter(registry, adapter),
+            put_adapter(adapter),
             self.settings.keep_versions,
         )
         return [published]
