@@ -1,0 +1,154 @@
+"""What publishing a step costs the trainer, and how soon every replica serves it.
+
+- blocked: back-to-back train calls as the pipelined loop makes them (returning once the step is
+  published, not served): the seconds each call spends on publishing (capturing the adapter, putting it
+  into the object store, handing the ref to the registry) plus waiting for the previous step's
+  checkpoint, which the ranks write in the background. SmolLM2-135M, LoRA r=16, split layout.
+- served: train calls as the sync loop makes them, the seconds from the end of publishing until every
+  replica serves the step (2 replicas of SmolLM2).
+- growth: the registry's push alone (`publish_adapter`) to 2 and to 8 replicas of the `tiny` model.
+Median of --repeats. Last line: {"bench": "publish", "blocked_ms", "served_seconds", "tiny_served_2",
+"tiny_served_8", "growth_2_to_8", ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from common import free_port, median, print_result, print_table, start_local_ray  # noqa: E402
+
+SPEC_R = 16
+
+
+async def train_calls(args: argparse.Namespace, storage: str) -> dict:
+    import art_ray
+    from art_ray import LoRASpec, ModelConfig, RayBackend, TrainableModel, TrainConfig, Trajectory
+
+    backend = RayBackend(storage=storage, port=free_port(), app_name="publish", route_prefix="/publish")
+    model = TrainableModel(
+        name="publish",
+        project="bench",
+        base_model="smollm2-135m",
+        config=ModelConfig(
+            lora=LoRASpec(r=SPEC_R, alpha=32),
+            sequence_length=256,
+            max_model_len=512,
+            layout="split",
+            num_replicas=2,
+            replica_cpus=0,
+            trainer_cpus_per_rank=0,
+            engine_threads=1,
+            trainer_threads=1,
+        ),
+    )
+    try:
+        await model.register(backend)
+
+        async def sample(prompt: str) -> Trajectory:
+            messages = [{"role": "user", "content": prompt}]
+            completion = await model.openai_client().chat.completions.create(
+                model=model.get_inference_name(), messages=messages, max_tokens=8, temperature=1.0
+            )
+            choice = completion.choices[0]
+            return Trajectory(
+                messages_and_choices=[*messages, choice], reward=float(len(choice.message.content))
+            )
+
+        groups = [
+            await art_ray.TrajectoryGroup(sample(prompt) for _ in range(4))
+            for prompt in ("Name a color.", "Say a number.")
+        ]
+        pipelined = TrainConfig(learning_rate=1e-5, wait_for_replicas=False)
+        blocked = []
+        for _ in range(args.repeats + 1):  # the first call also builds what later calls reuse
+            await model.train(groups, pipelined, verbose=False)
+            metrics = model.last_train_result.metrics
+            blocked.append(metrics["time/publish_enqueue_seconds"] + metrics["time/checkpoint_wait_seconds"])
+        served = []
+        for _ in range(args.repeats):
+            await model.train(groups, TrainConfig(learning_rate=1e-5), verbose=False)
+            served.append(model.last_train_result.metrics["time/wait_for_replicas_seconds"])
+        return {"blocked": blocked[1:], "served": served}
+    finally:
+        backend.shutdown()
+
+
+async def pushes(args: argparse.Namespace, replicas: int, first_step: int, port: int) -> list[float]:
+    from art_ray.adapters.lora_files import initial_adapter
+    from art_ray.adapters.registry import publish_adapter
+    from art_ray.adapters.spec import LoRASpec
+    from art_ray.models import resolve_base_model
+    from art_ray.serving.config import ServingConfig
+    from art_ray.serving.engine_config import EngineConfig
+    from art_ray.serving.launch import start_inference
+
+    base_model = resolve_base_model("tiny")
+    spec = LoRASpec(r=SPEC_R, alpha=32)
+    config = ServingConfig(
+        engine=EngineConfig(model=base_model, max_model_len=256, threads=1),
+        num_replicas=replicas,
+        replica_cpus=0,
+        app_name="publish-tiny",
+        route_prefix="/publish-tiny",
+    )
+    await asyncio.to_thread(start_inference, config, port=port)
+    seconds = []
+    for step in range(first_step, first_step + args.repeats):
+        tensors = initial_adapter(base_model, spec, seed=step)
+        start = time.perf_counter()
+        reached = await publish_adapter("push", step, base_model, spec, tensors)
+        seconds.append(time.perf_counter() - start)
+        assert reached == replicas, (reached, replicas)
+    return seconds
+
+
+async def run(args: argparse.Namespace) -> dict:
+    import tempfile
+
+    from ray import serve
+
+    start_local_ray(num_cpus=4)
+    with tempfile.TemporaryDirectory() as storage:
+        calls = await train_calls(args, storage)
+    port = free_port()
+    two = await pushes(args, 2, 1, port)
+    eight = await pushes(args, 8, 100, port)
+    serve.shutdown()
+    blocked_ms = 1000 * median(calls["blocked"])
+    served_s = median(calls["served"])
+    print_table(
+        f"publishing a step (median of {args.repeats})",
+        ["what", "replicas", "seconds"],
+        [
+            ["train call blocked by publish + checkpoint (SmolLM2 r=16)", 2, blocked_ms / 1000],
+            ["published -> every replica serves it (SmolLM2 r=16)", 2, served_s],
+            ["registry push -> served (tiny r=16)", 2, median(two)],
+            ["registry push -> served (tiny r=16)", 8, median(eight)],
+        ],
+    )
+    return {
+        "bench": "publish",
+        "blocked_ms": round(blocked_ms, 1),
+        "served_seconds": round(served_s, 3),
+        "tiny_served_2": round(median(two), 3),
+        "tiny_served_8": round(median(eight), 3),
+        "growth_2_to_8": round(median(eight) / median(two), 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--repeats", type=int, default=5)
+    print_result(asyncio.run(run(parser.parse_args())))
+
+
+if __name__ == "__main__":
+    main()
