@@ -30,6 +30,20 @@ CLIENT_STATE_STEP = "art_ray_step"
 STATE_FILE = "trainer_state.json"
 
 
+def skip_shared_memory_allreduce() -> None:
+    """Keep DeepSpeed's CPU backend from loading its shared-memory all-reduce op.
+
+    Only tensor-parallel inference uses that op; training reduces through gloo. Loading it takes a lock
+    file under ~/.cache/torch_extensions in every process, even when the op is already built, and a
+    process killed while holding it (a rank killed during setup) leaves the file behind: every later
+    trainer on the machine then waits on it forever.
+    """
+    import deepspeed.ops
+    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+
+    deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
+
+
 def deepspeed_config(config: TrainerConfig, on_gpu: bool) -> dict[str, Any]:
     return {
         "train_micro_batch_size_per_gpu": 1,
@@ -119,6 +133,8 @@ class TrainerWorker:
             eps=self.settings.adam_epsilon,
             weight_decay=self.settings.weight_decay,
         )
+        if not self.on_gpu:
+            skip_shared_memory_allreduce()
         deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo")
         self.engine, *_ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=deepspeed_config(self.config, self.on_gpu)
