@@ -15,3 +15,7 @@ class ModelPreparationError(ArtRayError, RuntimeError):
 
 class BackendError(ArtRayError, RuntimeError):
     """A backend refused a call (a model not registered, or one its engines cannot serve)."""
+
+
+class NothingToTrainError(ArtRayError, ValueError):
+    """A train call's groups hold nothing a step could learn from; nothing was trained or advanced."""

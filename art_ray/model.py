@@ -12,6 +12,7 @@ import pydantic
 from tqdm.auto import tqdm
 
 from art_ray.adapters.spec import validate_model_name, versioned_name
+from art_ray.batch_check import check_train_groups
 from art_ray.model_config import ModelConfig
 from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.train_result import GradientStep, TrainEvent, TrainResult
@@ -117,7 +118,9 @@ class TrainableModel(Model):
     ) -> AsyncIterator[TrainEvent]:
         """Train one step, yielding each GradientStep as it finishes, then the TrainResult (the new step,
         served by every replica by then)."""
-        async for event in self.backend.train(self, groups, config or TrainConfig()):
+        config = config or TrainConfig()
+        check_train_groups(groups, plain_assistant_trains=config.allow_training_without_logprobs)
+        async for event in self.backend.train(self, groups, config):
             yield event
 
     async def train(

@@ -172,7 +172,8 @@ class PydanticException(pydantic.BaseModel):
 
 
 class _ConversationModel(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(arbitrary_types_allowed=True)
+    # validate_assignment: `trajectory.reward = nan` after construction fails there, not in training
+    model_config = pydantic.ConfigDict(arbitrary_types_allowed=True, validate_assignment=True)
 
     messages_and_choices: MessagesAndChoices = pydantic.Field(default_factory=list)
     tools: Tools | None = None

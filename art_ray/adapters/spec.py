@@ -10,7 +10,7 @@ import re
 import pydantic
 
 # A model name is one path segment: it names folders on replicas, so nothing that could escape one.
-MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+MODEL_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 class InvalidModelNameError(ValueError):
@@ -18,7 +18,7 @@ class InvalidModelNameError(ValueError):
 
 
 def validate_model_name(name: str) -> str:
-    if not isinstance(name, str) or not MODEL_NAME_PATTERN.match(name) or ".." in name:
+    if not isinstance(name, str) or not MODEL_NAME_PATTERN.fullmatch(name) or ".." in name:
         raise InvalidModelNameError(
             f"invalid model name {name!r}: use 1-128 letters, digits, '.', '_' or '-', starting with a "
             "letter or digit"
