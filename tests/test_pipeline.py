@@ -6,8 +6,9 @@ of its own ("pipe" at /pipe) in the split layout (engine and trainer on one thre
 - Policy versions come from the served model (the endpoint stamps each choice), for rollouts on the driver
   and as Ray work.
 - A stopped run resumes at its step and scenario offset.
-- The adapter goes from trainer rank 0 to the object store (rank 0 owns it, the registry borrows it); the
-  driver never holds it. The sync loop's `train()` returns once every replica serves the new step.
+- The adapter goes from trainer rank 0 to the object store once, owned by the registry (it outlives the
+  trainer); the driver never holds it. The sync loop's `train()` returns once every replica serves the
+  new step.
 """
 
 from __future__ import annotations
@@ -173,9 +174,10 @@ async def test_the_adapter_never_passes_through_the_driver_and_sync_train_waits_
     handle = serve.get_deployment_handle(DEPLOYMENT_NAME, backend.app_name)
     served = await handle.broadcast("served_models").results_async(timeout_s=60)
     assert len(served) == CONFIG.num_replicas and all(step in models[model.name] for models in served)
-    # the driver holds no reference to the published tensors: rank 0 made them, the registry borrows them
+    # the driver holds no reference to the published tensors: rank 0 made them, the registry owns them
     held = set(ray._private.worker.global_worker.core_worker.get_all_reference_counts())  # hex ids
-    version = await get_registry().get.remote(model.name, step)
+    registry = get_registry()
+    version = await registry.get.remote(model.name, step)
     assert version.tensors.hex().encode() not in held
     # (the check can see a reference: the driver holds this one now that it asked the registry)
     assert (
@@ -185,8 +187,11 @@ async def test_the_adapter_never_passes_through_the_driver_and_sync_train_waits_
     from ray.core.generated.common_pb2 import Address
 
     owner = Address.FromString(version.tensors.owner_address()).worker_id.hex()
-    rank0 = backend._trainers[model.name].workers[0]
-    assert owner == await rank0.__ray_call__.remote(lambda self: ray.get_runtime_context().get_worker_id())
+    assert owner == await registry.__ray_call__.remote(lambda self: ray.get_runtime_context().get_worker_id())
+    # so the version outlives its trainer: a replica that starts later still loads it
+    backend._trainers.pop(model.name).shutdown()
+    packed = await version.tensors
+    assert packed.nbytes > 0
     assert model.last_train_result.metrics["time/publish_enqueue_seconds"] < 5
 
 

@@ -1,9 +1,10 @@
 """The LoRA registry: a named, detached Ray actor that knows, per model, the adapter versions and who
 serves them. Trainer and serving meet only here.
 
-The straight line of an adapter: the trainer's rank 0 puts the packed tensors into the object store once
-and hands the registry the ref (the tensors never pass through the driver). Ray 2.56 removed `ray.put`'s
-`_owner`, so they stay owned by the rank that made them; the registry borrows them. `publish` records
+The straight line of an adapter: the trainer's rank 0 packs the tensors and tells the registry, which
+fetches them from rank 0 (`captured_adapter`): the one object that call creates is owned by the registry,
+the caller, so a version outlives the trainer that made it (Ray 2.56 has no `ray.put(_owner=)`), and the
+tensors never pass through the driver. `publish` records
 the version at once and pushes it to every replica of every subscribed Serve deployment
 (`DeploymentHandle.broadcast`); its result (awaited only by callers that need it) says how many replicas
 serve the version. Catching up is the replicas' own: they load the kept versions before taking traffic,
@@ -22,7 +23,7 @@ import pydantic
 import ray
 from ray.serve.exceptions import RayServeException
 
-from art_ray.adapters.lora_files import pack_adapter
+from art_ray.adapters.lora_files import PackedAdapter, pack_adapter
 from art_ray.adapters.spec import LoRASpec, validate_model_name
 
 logger = logging.getLogger(__name__)
@@ -89,15 +90,41 @@ class LoRARegistry:
         step: int,
         base_model: str,
         lora: dict,
-        tensors: list[ray.ObjectRef],
+        source: ray.actor.ActorHandle,
         keep_versions: int,
         timeout_s: float = 300.0,
     ) -> dict[str, int]:
-        """Record a version (its tensors already in the object store: a one-item list, so Ray hands over
-        the ref rather than the tensors) and push it to every live replica; returns {"replicas": n} once
-        they serve it."""
+        """Record a version and push it to every live replica; returns {"replicas": n} once they serve
+        it. The tensors come from `source.captured_adapter(step)` (trainer rank 0): this actor calls it, so
+        it owns the one object that call creates, and the version outlives the trainer."""
+        return await self._record(
+            model, step, base_model, lora, source.captured_adapter.remote(step), keep_versions, timeout_s
+        )
+
+    async def publish_packed(
+        self,
+        model: str,
+        step: int,
+        base_model: str,
+        lora: dict,
+        packed: PackedAdapter,
+        keep_versions: int,
+        timeout_s: float = 300.0,
+    ) -> dict[str, int]:
+        """`publish` for tools and tests that hold the tensors themselves (a copy this actor owns)."""
+        return await self._record(model, step, base_model, lora, ray.put(packed), keep_versions, timeout_s)
+
+    async def _record(
+        self,
+        model: str,
+        step: int,
+        base_model: str,
+        lora: dict,
+        ref: ray.ObjectRef,
+        keep_versions: int,
+        timeout_s: float,
+    ) -> dict[str, int]:
         validate_model_name(model)
-        (ref,) = tensors
         version = AdapterVersion(
             model=model, step=step, base_model=base_model, lora=LoRASpec.model_validate(lora), tensors=ref
         )
@@ -154,11 +181,6 @@ def get_registry() -> ray.actor.ActorHandle:
     return ray.get_actor(REGISTRY_NAME, namespace=REGISTRY_NAMESPACE)
 
 
-def put_adapter(tensors: dict) -> list[ray.ObjectRef]:
-    """The packed tensors in the object store, as `publish` takes them (owned by this process)."""
-    return [ray.put(pack_adapter(tensors))]
-
-
 async def publish_adapter(
     model: str,
     step: int,
@@ -170,9 +192,7 @@ async def publish_adapter(
 ) -> int:
     """Publish a version from this process (tools and tests; the trainer publishes from its rank 0) and
     wait until every live replica serves it; returns the replica count."""
-    registry = get_registry()
-    ref = put_adapter(tensors)
-    result = await registry.publish.remote(
-        model, step, base_model, lora.model_dump(), ref, keep_versions, timeout_s
+    result = await get_registry().publish_packed.remote(
+        model, step, base_model, lora.model_dump(), pack_adapter(tensors), keep_versions, timeout_s
     )
     return result["replicas"]

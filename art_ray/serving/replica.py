@@ -51,8 +51,12 @@ class InferenceReplica:
         for checkpoint in config.checkpoints:
             await self._load_checkpoint(checkpoint, root / "checkpoints" / f"{replica_id}-{os.getpid()}")
         for version in await self._registry.kept_versions.remote():
-            if self._adapters.serves_base(version):
+            if not self._adapters.serves_base(version):
+                continue
+            try:
                 await self._adapters.load(version)
+            except ray.exceptions.RayError as error:  # e.g. its node died: the newer versions still load
+                logger.warning("not serving %s@%d: %s", version.model, version.step, error)
 
     def __serve_build_asgi_app__(self):  # type: ignore[no-untyped-def]
         return self._app

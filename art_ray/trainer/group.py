@@ -24,7 +24,7 @@ from art_ray.placement import PlacementError
 from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.train_result import GradientStep, TrainEvent, TrainResult
 from art_ray.trainer.config import TrainerConfig
-from art_ray.trainer.worker import STATE_FILE, TrainerWorker
+from art_ray.trainer.worker import ADAPTER_GROUP, STATE_FILE, TrainerWorker
 from art_ray.trajectories import Trajectory, TrajectoryGroup
 
 
@@ -53,7 +53,7 @@ class TrainerGroup:
         # CPU ranks on every core pin a thread per core; a GPU rank only caps its host threads
         env = trainer_openmp_env(config.threads) if config.device == "cpu" or config.threads else {}
         self.workers = [
-            ray.remote(TrainerWorker)
+            ray.remote(concurrency_groups={ADAPTER_GROUP: 1})(TrainerWorker)
             .options(
                 num_cpus=config.rank.num_cpus,
                 num_gpus=config.rank.num_gpus,

@@ -7,6 +7,7 @@ import math
 import os
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import ray
 import torch
 
 from art_ray import storage
+from art_ray.adapters.lora_files import PackedAdapter
 from art_ray.colocation import TrainerHandover
 from art_ray.cpu_threads import every_core_threads
 from art_ray.train_config import SFTConfig, TrainConfig
@@ -26,6 +28,10 @@ from art_ray.trainer.train_batch import RankBatch, rl_batches, sft_batches
 from art_ray.trajectories import Trajectory, TrajectoryGroup
 
 CLIENT_STATE_STEP = "art_ray_step"
+# The concurrency group of `captured_adapter`, so the registry's fetch never queues behind a train call
+ADAPTER_GROUP = "adapter"
+# Captured adapters rank 0 holds until the registry fetched them (it does within milliseconds)
+KEEP_CAPTURED = 2
 # Written last into a checkpoint folder: a folder without it is an interrupted checkpoint, never resumed from
 STATE_FILE = "trainer_state.json"
 
@@ -89,6 +95,8 @@ class TrainerWorker:
         self.handover: TrainerHandover | None = None
         self.tokenizer: Any = None
         self.step = 0
+        self._captured: dict[int, PackedAdapter] = {}
+        self._captured_lock = threading.Lock()
 
     def rendezvous(self) -> tuple[str, int]:
         """Rank 0's address and a free port for the process group."""
@@ -300,23 +308,36 @@ class TrainerWorker:
         return {name: tensor.detach().float().cpu().clone() for name, tensor in state.items()}
 
     def publish_adapter(self, registry: ray.actor.ActorHandle | None) -> list[ray.ObjectRef] | None:
-        """Every rank (a ZeRO-3 gather needs them all); rank 0 then puts the adapter into the object
-        store once (it owns it; the registry borrows it) and publishes it. Returns at once with [the
-        publish call's ref] (its result: how many replicas serve the step), awaited only when needed."""
-        from art_ray.adapters.registry import put_adapter
+        """Every rank (a ZeRO-3 gather needs them all); rank 0 then keeps the packed adapter and tells the
+        registry, which fetches it with `captured_adapter`: the object is created once, by this rank, and
+        owned by the registry (the caller of the task that returned it), so it outlives this rank. Returns
+        at once with [the publish call's ref] (its result: how many replicas serve the step)."""
+        from art_ray.adapters.lora_files import pack_adapter
 
         adapter = self.adapter_tensors()
         if self.rank != 0 or registry is None:
             return None
+        with self._captured_lock:
+            self._captured[self.step] = pack_adapter(adapter)
+            for old in sorted(self._captured)[:-KEEP_CAPTURED]:
+                del self._captured[old]
         published = registry.publish.remote(
             self.config.model,
             self.step,
             self.config.base_model,
             self.settings.lora.model_dump(),
-            put_adapter(adapter),
+            ray.get_runtime_context().current_actor,
             self.settings.keep_versions,
         )
         return [published]
+
+    @ray.method(concurrency_group=ADAPTER_GROUP)
+    def captured_adapter(self, step: int) -> PackedAdapter:
+        """The adapter rank 0 captured at `step` (its own thread: answered while the next step trains)."""
+        with self._captured_lock:
+            if step not in self._captured:
+                raise LookupError(f"step {step} of {self.config.model} is no longer held by the trainer")
+            return self._captured[step]
 
     def save_checkpoint(self, folder: str) -> None:
         """Every rank saves its DeepSpeed state (adapter, optimizer), and rank 0 the PEFT adapter folder
