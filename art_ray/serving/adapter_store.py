@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,11 @@ from art_ray.adapters.registry import AdapterVersion
 from art_ray.adapters.spec import versioned_name
 
 logger = logging.getLogger(__name__)
+
+
+# A request admitted before its version was unloaded can still be scheduled; the engine then reloads the
+# adapter from its folder, and a missing folder kills the engine. Folders outlive their version this long.
+RETIRED_FOLDER_GRACE_S = 600.0
 
 
 class AdapterLoadError(RuntimeError):
@@ -42,6 +49,8 @@ class AdapterStore:
         # model -> step -> (object ref id, folder) of the loaded version
         self._loaded: dict[str, dict[int, tuple[str, Path]]] = {}
         self._lock = asyncio.Lock()
+        # (unloaded at, folder) of versions no longer served, deleted after a grace period
+        self._retired: deque[tuple[float, Path]] = deque()
 
     def latest_step(self, model: str) -> int | None:
         steps = self._loaded.get(model)
@@ -116,4 +125,6 @@ class AdapterStore:
             await self._engine.remove_lora(request.lora_int_id)
         source, folder = self._loaded[model].pop(step)
         if not source.startswith("folder:"):  # never delete a checkpoint folder we were given
-            shutil.rmtree(folder, ignore_errors=True)
+            self._retired.append((time.monotonic(), folder))
+        while self._retired and time.monotonic() - self._retired[0][0] > RETIRED_FOLDER_GRACE_S:
+            shutil.rmtree(self._retired.popleft()[1], ignore_errors=True)
