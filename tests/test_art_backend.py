@@ -302,7 +302,8 @@ async def test_arts_ruler_judges_through_litellm_with_the_served_model(art_backe
     structured output, and the endpoint constrains the reply to its JSON schema."""
     from art.rewards import ruler_score_group
 
-    model = art.TrainableModel(name="art-ynm", project="yes-no-maybe", base_model="smollm2-135m")
+    # a judge of its own at step 0 (the initial adapter), so its greedy replies are the same in every run
+    model = art.TrainableModel(name="art-judge", project="yes-no-maybe", base_model="smollm2-135m")
     await model.register(art_backend)
     question = [{"role": "user", "content": "What is the capital of France?"}]
     group = art.TrajectoryGroup(
@@ -320,7 +321,7 @@ async def test_arts_ruler_judges_through_litellm_with_the_served_model(art_backe
         },
     )
     assert judged is not None and len(judged.trajectories) == 2
-    assert params["model"] == f"hosted_vllm/art-ynm@{await model.get_step()}"
+    assert params["model"] == "hosted_vllm/art-judge@0"
     for trajectory in judged.trajectories:
         # (ART's schema leaves the score's range to the rubric: a 135M judge may step outside 0..1)
         assert trajectory.reward == trajectory.metrics["ruler_score"]
