@@ -1,6 +1,12 @@
 """Session fixtures: one local Ray cluster and one inference app shared by all integration tests.
 
 Each vLLM engine start costs ~30 s on the 2-core CI box, so the app starts once per session.
+
+The box has 24 GiB, and the session's apps, engines and trainers do not all fit beside a test that starts a
+cluster of its own (the last CI runs lost workers to Ray's OOM killer). So the tests run in three blocks:
+those that need no session cluster first (unit tests, and the tests that start their own cluster in a
+subprocess, with the machine to themselves), then the users of the SmolLM2 app, which is shut down after
+its last user, then the rest.
 """
 
 from __future__ import annotations
@@ -95,10 +101,44 @@ def inference_app(ray_cluster, tmp_path_factory) -> InferenceApp:
     )
 
 
+def stop_trainer(backend, name: str) -> None:  # noqa: ANN001
+    """Free a model's trainer (a SmolLM2 rank holds ~1 GB) once its tests are done; its checkpoints stay."""
+    backend._trainers.pop(name).shutdown()
+    backend._trackers.pop(name, None)
+
+
 @dataclass
 class SmolModel:
     backend: object
     model: object
+
+
+# Session resources shut down once their last user has run (see pytest_runtest_teardown).
+_RELEASED_AFTER_LAST_USE = ("smollm2_model",)
+_live: dict[str, object] = {}
+_last_users: dict[str, str] = {}
+
+
+def _block(item: pytest.Item) -> int:
+    names = item.fixturenames
+    if "ray_cluster" not in names:
+        return 0
+    return 1 if "smollm2_model" in names else 2
+
+
+def pytest_collection_modifyitems(session, config, items: list[pytest.Item]) -> None:
+    items.sort(key=_block)  # stable: file order within a block
+    for item in items:
+        for fixture in _RELEASED_AFTER_LAST_USE:
+            if fixture in item.fixturenames:
+                _last_users[fixture] = item.nodeid
+
+
+@pytest.hookimpl(trylast=True)  # after the item's module fixtures are torn down
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    for fixture, last_user in _last_users.items():
+        if last_user == item.nodeid and fixture in _live:
+            _live.pop(fixture).backend.shutdown()  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")
@@ -123,5 +163,6 @@ async def smollm2_model(ray_cluster, tmp_path_factory) -> SmolModel:
         ),
     )
     await model.register(backend)
-    yield SmolModel(backend=backend, model=model)
-    backend.shutdown()
+    _live["smollm2_model"] = smol = SmolModel(backend=backend, model=model)
+    yield smol
+    backend.shutdown()  # a no-op when it was released after its last user

@@ -9,6 +9,7 @@ import argparse
 import importlib.util
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import art
@@ -16,6 +17,7 @@ import pytest
 import torch
 from art.loss import loss_fn as art_loss_fn
 from art.trajectories import History
+from conftest import stop_trainer
 from factories import served_choice
 
 from art_ray import LoRASpec, ModelConfig
@@ -191,9 +193,13 @@ def _load_example():  # noqa: ANN202
 
 
 @pytest.fixture(scope="module")
-def art_backend(smollm2_model) -> ARTBackend:
-    """ART's protocol over the session's SmolLM2 backend (not closed here: the session owns it)."""
-    return ARTBackend(smollm2_model.backend, model_config=SMOL_CONFIG)
+def art_backend(smollm2_model) -> Iterator[ARTBackend]:
+    """ART's protocol over the session's SmolLM2 backend (not closed here: the session owns it). The
+    trainers of the models ART registers stop with this module."""
+    yield ARTBackend(smollm2_model.backend, model_config=SMOL_CONFIG)
+    for name in list(smollm2_model.backend._trainers):
+        if name != smollm2_model.model.name:
+            stop_trainer(smollm2_model.backend, name)
 
 
 async def _greedy_logprob(model: art.TrainableModel, step: int, prompt: str) -> float:

@@ -125,10 +125,17 @@ async def test_each_phase_gets_every_core_and_the_idle_side_sleeps(smollm2_model
     # The second gradient step of a train call is training only: the engine was released before the
     # first one, and the publish comes after the last.
     step = await model.get_step()
-    marks = []
+    marks, trainer_threads = [], []
     async for _ in model.train_stream(groups, TrainConfig(learning_rate=1e-5, num_gradient_steps=2)):
         marks.append((cpu_seconds(engine[1:]), cpu_seconds([trainer]), time.perf_counter(), idle_seconds()))
+        trainer_threads.append(thread_seconds(trainer))
     (engine_a, trainer_a, start, idle_a), (engine_b, trainer_b, end, idle_b) = marks[0], marks[1]
+    trainer_busiest = busiest_threads(*trainer_threads[:2])
+    torch_threads = (
+        await backend._trainers[model.name]
+        .workers[0]
+        .__ray_call__.remote(lambda self: __import__("torch").get_num_threads())
+    )
     training_s = end - start
     # idle engine: its vLLM processes (the replica actor's own Ray/Serve housekeeping is not the engine)
     engine_training, trainer_training = engine_b - engine_a, trainer_b - trainer_a
@@ -137,7 +144,9 @@ async def test_each_phase_gets_every_core_and_the_idle_side_sleeps(smollm2_model
         f"training {training_s:.2f} s: engine {engine_training:.2f} CPU s, trainer {trainer_training:.2f}, "
         f"idle cores {(idle_b - idle_a) / training_s:.2f}; CPU seconds while sampling: {sampling_consumers}; "
         f"{threads_and_cores(engine)}; the worker's busiest threads while sampling: {worker_threads} CPU s; "
-        f"machine while sampling: { {k: round(v, 2) for k, v in machine.items()} }"
+        f"machine while sampling: { {k: round(v, 2) for k, v in machine.items()} }; "
+        f"trainer: {torch_threads} torch threads, {threads_and_cores([trainer])}, "
+        f"its busiest threads while training: {trainer_busiest} CPU s"
     )
     print(report)
     # the idle side sleeps: neither spins nor polls while the other runs

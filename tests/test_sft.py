@@ -5,6 +5,7 @@ the same LoRA, trainer group, step counter, checkpoints and publish as GRPO. Smo
 from __future__ import annotations
 
 import pytest
+from conftest import stop_trainer
 from factories import served_choice
 
 from art_ray import LoRASpec, ModelConfig, SFTConfig, TrainableModel, Trajectory
@@ -53,6 +54,7 @@ async def test_an_sft_step_makes_the_served_model_give_the_trained_reply(smollm2
     assert (await greedy(model, new_step)).strip() == REPLY
     # the new step is checkpointed and served like a GRPO step's
     assert new_step in smollm2_model.backend.checkpoint_steps(model)
+    stop_trainer(smollm2_model.backend, model.name)
 
 
 def test_sft_batches_train_every_assistant_turn_at_ratio_one() -> None:
