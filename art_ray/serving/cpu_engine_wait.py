@@ -9,6 +9,13 @@ On CPU it runs on the cores the worker's OpenMP threads compute on: measured on 
 on a 2-core box the loop took the whole second core (3.2 CPU s of 3.3 s), which a split layout reserves
 for the trainer. Here readers on CPU sleep on the notification socket at once (vLLM's own idle mode).
 
+The socket can lose a notification: its publisher keeps at most one message in flight (SNDHWM=1), so a
+second write right after a first is not announced when the first one's message has not left yet. vLLM
+bounds that with a flag re-check every 5 s, which its busy loop makes rare; without the loop it stalled a
+sampling phase by 5 s in about one test run in three (24 requests: 10 s instead of 5, the engine idle
+half of it). So a sleeping reader re-checks the shared flag every RECHECK_MS: a lost notification costs
+at most that, and an idle reader wakes 1000 / RECHECK_MS times a second (a flag read each).
+
 Registered as the `vllm.general_plugins` entry point `art_ray_cpu_engine_wait`; set
 ART_RAY_CPU_ENGINE_WAIT=0 to keep vLLM's loop.
 """
@@ -17,6 +24,8 @@ from __future__ import annotations
 
 import os
 from typing import Any
+
+RECHECK_MS = 10
 
 
 def register() -> None:
@@ -30,11 +39,15 @@ def register() -> None:
     condition = shm_broadcast.SpinCondition
     if getattr(condition, "_art_ray_patched", False):
         return
-    init = condition.__init__
+    init, wait = condition.__init__, condition.wait
 
     def init_without_busy_loop(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         self.busy_loop_s = 0
 
+    def wait_with_recheck(self: Any, timeout_ms: int | None = None) -> None:
+        wait(self, RECHECK_MS if timeout_ms is None else min(timeout_ms, RECHECK_MS))
+
     condition.__init__ = init_without_busy_loop
+    condition.wait = wait_with_recheck
     condition._art_ray_patched = True
