@@ -1,5 +1,6 @@
-"""The CPU engine-wait plugin: vLLM's shared-memory queue readers sleep instead of spinning, and a sleeping
-reader whose notification was lost finds the data within RECHECK_MS (vLLM itself re-checks every 5 s)."""
+"""The CPU engine-wait plugin: vLLM's shared-memory queue readers sleep instead of spinning, a reader that
+just read and whose notification was lost finds the data within RECHECK_MS (vLLM itself re-checks every
+5 s), and an idle reader does not poll."""
 
 from __future__ import annotations
 
@@ -26,6 +27,11 @@ def test_a_reader_sleeps_at_once_and_rechecks_within_the_bound() -> None:
         start = time.monotonic()
         reader.wait(timeout_ms=5000)
         assert time.monotonic() - start < 0.5
+        # a reader idle for longer sleeps as long as vLLM asks (a paused engine does not poll)
+        reader.last_read = time.monotonic() - 2 * cpu_engine_wait.RECHECK_AFTER_READ_S
+        start = time.monotonic()
+        reader.wait(timeout_ms=300)
+        assert time.monotonic() - start >= 0.25
     finally:
         for condition in (writer, reader):
             condition.local_notify_socket.close(linger=0)

@@ -44,15 +44,23 @@ def test_tiny_loads_in_transformers_and_peft() -> None:
     assert torch.isfinite(logits).all()
 
 
+def engine_env(monkeypatch, config) -> None:  # noqa: ANN001
+    """The engine's environment for this test only: left in the test process, it reached every Ray worker
+    of the session cluster started later (LD_PRELOAD of GNU OpenMP, vLLM's thread binding, OMP_NUM_THREADS),
+    and a trainer rank meant to own both cores trained on one."""
+    for key, value in config.env_vars().items():
+        monkeypatch.setenv(key, value)
+
+
 @pytest.mark.slow
-def test_vllm_samples_tiny_with_logprobs_and_token_ids() -> None:
+def test_vllm_samples_tiny_with_logprobs_and_token_ids(monkeypatch) -> None:
     from vllm import LLM, SamplingParams
 
     from art_ray.serving.engine_config import EngineConfig
 
     path = prepare(TINY)
     config = EngineConfig(model=str(path), device="cpu")
-    config.apply_env()
+    engine_env(monkeypatch, config)
     llm = LLM(**config.vllm_kwargs())
     try:
         tokenizer = llm.get_tokenizer()
@@ -73,13 +81,13 @@ def test_vllm_samples_tiny_with_logprobs_and_token_ids() -> None:
 
 
 @pytest.mark.slow
-def test_smollm2_greedy_answers_paris_on_vllm() -> None:
+def test_smollm2_greedy_answers_paris_on_vllm(monkeypatch) -> None:
     from vllm import LLM, SamplingParams
 
     from art_ray.serving.engine_config import EngineConfig
 
     config = EngineConfig(model=str(prepare(SMOLLM2)), device="cpu")
-    config.apply_env()
+    engine_env(monkeypatch, config)
     llm = LLM(**config.vllm_kwargs())
     try:
         output = llm.chat(
