@@ -9,6 +9,29 @@ import pydantic
 from art_ray.adapters.spec import LoRASpec
 
 
+class ReplicaAutoscaling(pydantic.BaseModel):
+    """Ray Serve's autoscaling of the inference replicas, with Serve's own field names and defaults: Serve
+    adds a replica while the replicas average more than `target_ongoing_requests` requests each (after
+    `upscale_delay_s`) and removes one below it (after `downscale_delay_s`). A new replica loads the
+    adapter versions the registry keeps before it takes traffic."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    min_replicas: int = pydantic.Field(default=1, ge=1)
+    max_replicas: int = pydantic.Field(default=1, ge=1)
+    target_ongoing_requests: float = pydantic.Field(default=2.0, gt=0)
+    upscale_delay_s: float = pydantic.Field(default=30.0, ge=0)
+    downscale_delay_s: float = pydantic.Field(default=600.0, ge=0)
+    metrics_interval_s: float = pydantic.Field(default=10.0, gt=0)
+    look_back_period_s: float = pydantic.Field(default=30.0, gt=0)
+
+    @pydantic.model_validator(mode="after")
+    def _check_range(self) -> ReplicaAutoscaling:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(f"max_replicas={self.max_replicas} is below min_replicas={self.min_replicas}")
+        return self
+
+
 class ModelConfig(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
 
@@ -41,7 +64,12 @@ class ModelConfig(pydantic.BaseModel):
     seed: int = 0
     # serving
     num_replicas: int = pydantic.Field(default=1, ge=1)
+    # None: num_replicas, fixed; set: Serve scales the replicas between its min and max (num_replicas unused)
+    autoscaling: ReplicaAutoscaling | None = None
     max_model_len: int = pydantic.Field(default=2048, ge=16)
+    # per-request limits of the endpoint: tokens when a request names no max_tokens, and the largest `n`
+    default_max_tokens: int = pydantic.Field(default=1024, ge=1)
+    max_n: int = pydantic.Field(default=128, ge=1)
     keep_versions: int = pydantic.Field(default=3, ge=1)
     replica_cpus: float = pydantic.Field(default=1.0, ge=0)
     replica_gpus: float | None = None  # None: 1 per tensor-parallel rank on GPU (0.5 colocated), 0 on CPU
@@ -54,3 +82,7 @@ class ModelConfig(pydantic.BaseModel):
     # tool calls stay plain text for other models unless set, e.g. "hermes" for Qwen2.5, "llama3_json").
     tool_call_parser: str | None = None
     chat_template: str | None = None
+
+    @property
+    def replicas_at_start(self) -> int:
+        return self.autoscaling.min_replicas if self.autoscaling else self.num_replicas

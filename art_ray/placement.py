@@ -174,7 +174,8 @@ def _auto_layout(
     if {n.name for n in replica_nodes} != {n.name for n in trainer_nodes}:
         return "split"  # pinned to different node types: they never share a device
     gpus = sum(node.gpus for node in replica_nodes)
-    needed = config.num_replicas * config.tensor_parallel_size + config.world_size
+    replicas = config.autoscaling.max_replicas if config.autoscaling else config.num_replicas
+    needed = replicas * config.tensor_parallel_size + config.world_size
     return "colocated" if gpus < needed else "split"
 
 

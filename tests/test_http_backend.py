@@ -34,6 +34,7 @@ from art_ray import (
     read_trajectory_groups,
     sampled_tokens,
 )
+from art_ray.remote.protocol import ModelSpec
 from art_ray.remote.server import (
     APP_NAME,
     AuthRequiredError,
@@ -106,6 +107,18 @@ def test_auth_is_required_off_localhost() -> None:
         require_auth_off_localhost("0.0.0.0", None)
 
 
+def test_a_refused_public_start_deploys_nothing(ray_cluster) -> None:
+    from ray import serve
+    from ray.serve.context import _get_global_client
+
+    with pytest.raises(AuthRequiredError, match="api_key"):
+        start_training_server(TrainingServerConfig(), host="0.0.0.0", port=free_port(), app_name="public")
+    client = _get_global_client(raise_if_no_controller_running=False)
+    if client is not None:  # Serve ran before the call: it still listens where it did, without the app
+        assert is_loopback(client.http_config.host)
+        assert "public" not in serve.status().applications
+
+
 async def test_register_names_the_endpoint_and_step_zero(server_url, registered) -> None:
     backend, model = registered
     assert model.base_url == f"{server_url}/http/v1"
@@ -170,9 +183,17 @@ async def test_bad_requests_get_error_json_and_change_nothing(server_url, regist
         unauthenticated = await client.post("/step", json={"model": model.name})
         assert unauthenticated.status_code == 401
         assert unauthenticated.json()["error"]["type"] == "authentication_error"
-        headers = {"Authorization": f"Bearer {API_KEY}"}
+        headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
         not_json = await client.post("/train", content=b"{not json", headers=headers)
         assert not_json.status_code == 400 and "TrainRequest" in not_json.json()["error"]["message"]
+        # what a web page can make a browser send: a text body, or any body with the page's Origin
+        spec = ModelSpec.of(model).model_dump_json()
+        text = {**headers, "Content-Type": "text/plain"}
+        as_text = await client.post("/register", content=spec, headers=text)
+        assert as_text.status_code == 415 and "application/json" in as_text.json()["error"]["message"]
+        page = {**headers, "Origin": "https://evil.test"}
+        from_page = await client.post("/register", content=spec, headers=page)
+        assert from_page.status_code == 403 and from_page.json()["error"]["type"] == "permission_error"
         unknown = await client.post("/step", json={"model": "nobody"}, headers=headers)
         assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "not_found_error"
         escape = await client.post(

@@ -10,6 +10,11 @@ the version at once and pushes it to every replica of every subscribed Serve dep
 serve the version. Catching up is the replicas' own: they load the kept versions before taking traffic,
 and a version they are asked for by name (`model@step`) but do not have yet is fetched from here on the
 spot. The inference app's builder creates the registry (`ensure_registry`); everyone else looks it up.
+
+A registry that dies is restarted by Ray (its handles stay valid, calls in flight are retried) and takes
+its subscriptions back from Serve: every running app with an inference deployment. The versions it
+held die with it (it owned their tensors): each model's next publish records a new one. A publish never
+passes for served when a replica of its base model does not serve it: it raises PublishError.
 """
 
 from __future__ import annotations
@@ -30,6 +35,12 @@ logger = logging.getLogger(__name__)
 
 REGISTRY_NAME = "art_ray_lora_registry"
 REGISTRY_NAMESPACE = "art_ray"
+# The Serve deployment the registry pushes to (art_ray/serving/replica.py)
+INFERENCE_DEPLOYMENT = "InferenceReplica"
+
+
+class PublishError(RuntimeError):
+    """A version reached fewer replicas of its base model than are live."""
 
 
 class AdapterVersion(pydantic.BaseModel):
@@ -57,6 +68,21 @@ class LoRARegistry:
         self._subscriptions: dict[tuple[str, str], Subscription] = {}
         # Building a handle starts a router and its long poll (~100 ms): keep one per deployment.
         self._handles: dict[tuple[str, str], Any] = {}
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            self._subscribe_serves_apps()
+
+    def _subscribe_serves_apps(self) -> None:
+        from ray import serve
+        from ray.serve.schema import ApplicationStatus
+
+        try:
+            applications = serve.status().applications
+        except RayServeException:  # Serve does not run: nothing to push to
+            return
+        for app_name, app in applications.items():
+            if INFERENCE_DEPLOYMENT in app.deployments and app.status != ApplicationStatus.DELETING:
+                self.subscribe(app_name, INFERENCE_DEPLOYMENT)
+        logger.warning("registry restarted: subscribed %s", sorted(a for a, _ in self._subscriptions))
 
     def subscribe(self, app_name: str, deployment_name: str) -> None:
         self._subscriptions[(app_name, deployment_name)] = Subscription(
@@ -142,9 +168,17 @@ class LoRARegistry:
         return sum(results)
 
     async def _broadcast(self, version: AdapterVersion, timeout_s: float) -> int:
-        # replicas of apps on another base model answer without loading it
-        results = await self._broadcast_call("load_adapter", (version,), timeout_s)
-        return sum(version.step in served.get(version.model, []) for served in results)
+        """How many replicas serve the version once pushed; PublishError if a live replica of its base
+        model does not. Replicas of apps on another base model answer None."""
+        answers = await self._broadcast_call("load_adapter", (version,), timeout_s)
+        results = [served for served in answers if served is not None]
+        serving = sum(version.step in served.get(version.model, []) for served in results)
+        if serving < len(results):
+            raise PublishError(
+                f"{version.model}@{version.step} is served by {serving} of the {len(results)} live replicas "
+                f"of {version.base_model}"
+            )
+        return serving
 
     async def _broadcast_call(self, method: str, args: tuple, timeout_s: float) -> list[Any]:
         """Call `method` on every replica of every subscribed deployment; one result per replica."""
@@ -172,7 +206,12 @@ def ensure_registry() -> ray.actor.ActorHandle:
     """Create the cluster's registry unless it runs (detached: it outlives the driver that started it).
     Called where the inference app is built, the one place that needs it first."""
     return LoRARegistry.options(
-        name=REGISTRY_NAME, namespace=REGISTRY_NAMESPACE, lifetime="detached", get_if_exists=True
+        name=REGISTRY_NAME,
+        namespace=REGISTRY_NAMESPACE,
+        lifetime="detached",
+        get_if_exists=True,
+        max_restarts=-1,
+        max_task_retries=-1,
     ).remote()
 
 

@@ -66,6 +66,26 @@ def error_response(error: ApiError) -> JSONResponse:
     return JSONResponse({"error": error.body.model_dump()}, status_code=error.body.code)
 
 
+# Defined before the deployment class: Serve serializes the class with the module globals defined by then.
+def _refuse_browser_requests(request: Request) -> None:
+    """A web page can make a browser send a request to a server on the user's own machine; without a key
+    nothing else would stop it from starting training. Pages send an Origin header, and without a CORS
+    preflight (which nothing here answers) only form or text bodies: refuse both."""
+    origin = request.headers.get("origin")
+    if origin is not None:
+        raise ApiError(
+            403,
+            f"cross-origin request refused (Origin: {origin}): the training routes take calls from "
+            "programs, not web pages",
+            "permission_error",
+        )
+    content_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if content_type != "application/json":
+        raise ApiError(
+            415, "send the body as JSON, with 'Content-Type: application/json'", "invalid_request_error"
+        )
+
+
 app = FastAPI(title="art-ray training", docs_url=None, redoc_url=None)
 
 
@@ -91,6 +111,7 @@ class TrainingServer:
         self, request: Request, body_type: type[Body], handler: Callable[[Body], Awaitable[Response]]
     ) -> Response:
         try:
+            _refuse_browser_requests(request)
             self._authorize(request)
             try:
                 body = body_type.model_validate_json(await request.body())
@@ -261,6 +282,7 @@ def start_training_server(
     `HTTPBackend(base_url)` takes). Refuses to run without an API key where other hosts can reach it."""
     from ray.serve.context import _get_global_client
 
+    require_auth_off_localhost(host, config.api_key)  # before Serve listens anywhere
     serve.start(http_options={"host": host, "port": port})
     http = _get_global_client().http_config  # a running Serve keeps the options it started with
     require_auth_off_localhost(http.host, config.api_key)

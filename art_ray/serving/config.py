@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pydantic
 
+from art_ray.model_config import ReplicaAutoscaling
 from art_ray.placement import NodeShape, resolve_device, role_nodes
 from art_ray.serving.engine_config import EngineConfig
 
@@ -27,6 +28,10 @@ class ServingConfig(pydantic.BaseModel):
     app_name: str = "art"
     route_prefix: str = "/"
     num_replicas: int = pydantic.Field(default=1, ge=1)
+    # Serve's autoscaling between min and max replicas instead of num_replicas (ModelConfig.autoscaling)
+    autoscaling: ReplicaAutoscaling | None = None
+    # How long a replica Serve stops (scale-down, redeploy) keeps answering the requests it has
+    drain_timeout_s: float = pydantic.Field(default=60.0, ge=0)
     # Serve's default of 5 collapsed concurrent throughput 5x: the engine batches, let it.
     max_ongoing_requests: int = pydantic.Field(default=256, ge=1)
     # CPUs Ray reserves per replica; on a 2-core box the engine gets one and the trainer the other.
@@ -35,8 +40,10 @@ class ServingConfig(pydantic.BaseModel):
     replica_gpus: float | None = pydantic.Field(default=None, ge=0)
     # Custom Ray resources per replica: pins replicas to node types (e.g. {"inference_node": 1}).
     replica_resources: dict[str, float] = pydantic.Field(default_factory=dict)
-    # Bearer key required on /v1 routes when set.
+    # Bearer key every route requires when set (art_ray/serving/endpoint_guard.py).
     api_key: str | None = None
+    # The most choices one request may ask for (`n`); OpenAI's own cap is 128.
+    max_n: int = pydantic.Field(default=128, ge=1)
     # Tool calling: vLLM's parser for the model's tool-call format (e.g. "hermes"), and a chat template
     # (a path or the template text) when the model's own does not render `tools`.
     tool_call_parser: str | None = None

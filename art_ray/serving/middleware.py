@@ -14,20 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from art_ray.adapters.spec import InvalidModelNameError, parse_versioned_name, versioned_name
+from art_ray.serving.asgi import Message, Receive, Scope, Send, send_error
+from art_ray.serving.endpoint_guard import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH, request_path
 from art_ray.serving.vllm_app import BASE_MODEL_NAME
-
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-
-CHAT_PATH = "/v1/chat/completions"
-COMPLETIONS_PATH = "/v1/completions"
-MODELS_PATH = "/v1/models"
 
 
 class VersionLookup(Protocol):
@@ -40,29 +33,25 @@ class VersionLookup(Protocol):
         ...
 
 
-def error_body(status: int, message: str, error_type: str, param: str | None = None) -> bytes:
-    return json.dumps(
-        {"error": {"message": message, "type": error_type, "param": param, "code": status}}
-    ).encode()
-
-
 class RequestRejected(Exception):
-    def __init__(self, status: int, message: str, error_type: str) -> None:
+    def __init__(self, status: int, message: str, error_type: str, param: str) -> None:
         super().__init__(message)
         self.status = status
         self.error_type = error_type
+        self.param = param
 
 
 class ModelRoutingMiddleware:
-    def __init__(self, app: Callable, versions: VersionLookup) -> None:
+    def __init__(self, app: Callable, versions: VersionLookup, max_n: int) -> None:
         self.app = app
         self.versions = versions
+        self.max_n = max_n
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope["path"].removeprefix(scope.get("root_path", "")) or scope["path"]
+        path = request_path(scope)
         method = scope["method"]
         if method == "POST" and path in (CHAT_PATH, COMPLETIONS_PATH):
             await self._generation(scope, receive, send, chat=path == CHAT_PATH)
@@ -83,11 +72,7 @@ class ModelRoutingMiddleware:
         try:
             await self._rewrite_request(payload, chat)
         except RequestRejected as rejected:
-            await _send_json(
-                send,
-                rejected.status,
-                error_body(rejected.status, str(rejected), rejected.error_type, "model"),
-            )
+            await send_error(send, rejected.status, str(rejected), rejected.error_type, rejected.param)
             return
         new_body = json.dumps(payload).encode()
         headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
@@ -99,21 +84,24 @@ class ModelRoutingMiddleware:
         await self.app(scope, _replay(new_body, receive), send)
 
     async def _rewrite_request(self, payload: dict, chat: bool) -> None:
+        n = payload.get("n", 1)
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= self.max_n):
+            message = f"`n` must be an integer from 1 to {self.max_n}"
+            raise RequestRejected(400, message, "BadRequestError", "n")
         model = payload.get("model")
         if not isinstance(model, str) or not model:
-            raise RequestRejected(
-                400, "`model` is required: name the model as `name` or `name@step`", "BadRequestError"
-            )
+            message = "`model` is required: name the model as `name` or `name@step`"
+            raise RequestRejected(400, message, "BadRequestError", "model")
         if model == BASE_MODEL_NAME:
-            raise RequestRejected(404, f"The model `{model}` does not exist.", "NotFoundError")
+            raise RequestRejected(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
         try:
             name, step = parse_versioned_name(model)
         except InvalidModelNameError as error:
-            raise RequestRejected(400, str(error), "BadRequestError") from None
+            raise RequestRejected(400, str(error), "BadRequestError", "model") from None
         if step is None:
             latest = self.versions.latest_step(name)
             if latest is None:
-                raise RequestRejected(404, f"The model `{model}` does not exist.", "NotFoundError")
+                raise RequestRejected(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
             payload["model"] = versioned_name(name, latest)
         else:
             await self.versions.ensure(name, step)  # if not: vLLM answers 404 for a version nobody has
@@ -172,12 +160,6 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replayed
-
-
-async def _send_json(send: Send, status: int, body: bytes) -> None:
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 def _rewrite_json(send: Send, rewrite: Callable[[dict], dict]) -> Send:

@@ -13,16 +13,18 @@ from ray import serve
 from starlette.middleware import Middleware
 
 from art_ray import storage
-from art_ray.adapters.registry import AdapterVersion, ensure_registry, get_registry
+from art_ray.adapters.registry import INFERENCE_DEPLOYMENT, AdapterVersion, ensure_registry, get_registry
 from art_ray.adapters.spec import validate_model_name
 from art_ray.colocation import EngineHandover
 from art_ray.serving.adapter_store import AdapterStore
 from art_ray.serving.config import ServedCheckpoint, ServingConfig
+from art_ray.serving.disconnect import DisconnectOnCancel
+from art_ray.serving.endpoint_guard import EndpointGuard
 from art_ray.serving.middleware import ModelRoutingMiddleware
 from art_ray.serving.vllm_app import build_engine_and_app
 
 logger = logging.getLogger(__name__)
-DEPLOYMENT_NAME = "InferenceReplica"
+DEPLOYMENT_NAME = INFERENCE_DEPLOYMENT
 
 
 @serve.ingress()
@@ -43,8 +45,15 @@ class InferenceReplica:
             config.engine.model,
             self._registry.get.remote,
         )
-        # Innermost middleware, so vLLM's API-key check runs before any model lookup.
-        self._app.user_middleware.append(Middleware(ModelRoutingMiddleware, versions=self._adapters))
+        # Outermost: a cancelled request tells vLLM its client left, then the gate (routes, key); innermost,
+        # after vLLM's own middleware: model names and per-request limits.
+        self._app.user_middleware[:0] = [
+            Middleware(DisconnectOnCancel),
+            Middleware(EndpointGuard, api_key=config.api_key),
+        ]
+        self._app.user_middleware.append(
+            Middleware(ModelRoutingMiddleware, versions=self._adapters, max_n=config.max_n)
+        )
         self._app.middleware_stack = None  # vLLM's setup already built the stack; rebuild it with ours
         await self._registry.subscribe.remote(context.app_name, context.deployment)
         # Before taking traffic: serve the configured checkpoints and the versions the registry keeps.
@@ -61,10 +70,12 @@ class InferenceReplica:
     def __serve_build_asgi_app__(self):  # type: ignore[no-untyped-def]
         return self._app
 
-    async def load_adapter(self, version: AdapterVersion) -> dict[str, list[int]]:
-        """Called on every replica by the registry's broadcast; returns what this replica serves."""
-        if self._adapters.serves_base(version):
-            await self._adapters.load(version)
+    async def load_adapter(self, version: AdapterVersion) -> dict[str, list[int]] | None:
+        """Called on every replica by the registry's broadcast; returns what this replica serves, or None
+        when it serves another base model."""
+        if not self._adapters.serves_base(version):
+            return None
+        await self._adapters.load(version)
         return self._adapters.served_models()
 
     async def handover(self, base_model: str, action: str) -> bool:
@@ -94,6 +105,10 @@ class InferenceReplica:
     async def served_models(self) -> dict[str, list[int]]:
         return self._adapters.served_models()
 
+    async def unfinished_requests(self) -> int:
+        """Requests the engine is generating or has queued (0 once abandoned requests were aborted)."""
+        return self._engine.get_num_unfinished_requests()
+
     async def check_health(self) -> None:
         await self._engine.check_health()
 
@@ -118,15 +133,20 @@ def build_inference_app(config: ServingConfig) -> serve.Application:
     """A Serve application (`serve.run(app)`) serving the OpenAI API for the configured base model; the
     LoRA registry its replicas subscribe to is created here if the cluster has none."""
     ensure_registry()
+    scaling = (
+        {"autoscaling_config": config.autoscaling.model_dump()}
+        if config.autoscaling
+        else {"num_replicas": config.num_replicas}
+    )
     deployment = serve.deployment(
         InferenceReplica,
         name=DEPLOYMENT_NAME,
-        num_replicas=config.num_replicas,
+        **scaling,
         max_ongoing_requests=config.max_ongoing_requests,
         ray_actor_options=replica_actor_options(config),
         health_check_period_s=10,
         health_check_timeout_s=60,
-        graceful_shutdown_timeout_s=5,
+        graceful_shutdown_timeout_s=config.drain_timeout_s,
     )
     return deployment.bind(config)
 

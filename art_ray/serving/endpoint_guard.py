@@ -1,0 +1,68 @@
+"""The endpoint's outer gate: only the routes art-ray documents are reachable, each behind the API key
+when one is set, and every rejection is OpenAI error JSON.
+
+vLLM's app mounts far more than art-ray serves (`/v1/responses` and `/v1/messages` answer as the base
+model, `/invocations` bypasses vLLM's key check, `/tokenize`, `/metrics`, `/docs`, `/scale_elastic_ep`),
+and its own key check guards `/v1` only and answers `{"error": "Unauthorized"}`. So the gate sits
+outside vLLM's middleware and decides before any of vLLM's code runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+from art_ray.serving.asgi import Receive, Scope, Send, send_error
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+MODELS_PATH = "/v1/models"
+HEALTH_PATH = "/health"
+
+# path -> the method it answers; OPTIONS (a browser's CORS preflight, which carries no key) goes on to
+# vLLM's CORS middleware for these paths only
+ROUTES = {CHAT_PATH: "POST", COMPLETIONS_PATH: "POST", MODELS_PATH: "GET", HEALTH_PATH: "GET"}
+
+
+def request_path(scope: Scope) -> str:
+    return scope["path"].removeprefix(scope.get("root_path", "")) or scope["path"]
+
+
+class EndpointGuard:
+    def __init__(self, app, api_key: str | None) -> None:  # noqa: ANN001
+        self.app = app
+        self._key_digest = hashlib.sha256(api_key.encode()).digest() if api_key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        path, method = request_path(scope), scope.get("method")
+        if scope["type"] == "websocket" or path not in ROUTES:
+            routes = ", ".join(sorted(ROUTES))
+            await send_error(send, 404, f"Not found: {path}. Routes: {routes}", "NotFoundError")
+            return
+        if method == "OPTIONS":
+            await self.app(scope, receive, send)
+            return
+        if method != ROUTES[path] and not (method == "HEAD" and ROUTES[path] == "GET"):
+            await send_error(send, 405, f"{path} takes {ROUTES[path]}, not {method}", "MethodNotAllowedError")
+            return
+        if not self._authorized(scope):
+            await send_error(
+                send,
+                401,
+                "Missing or incorrect API key: send `Authorization: Bearer <key>`",
+                "AuthenticationError",
+            )
+            return
+        await self.app(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        if self._key_digest is None:
+            return True
+        header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        return hmac.compare_digest(hashlib.sha256(token.encode("latin-1")).digest(), self._key_digest)
