@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 import ray
@@ -155,6 +155,15 @@ class RayBackend:
 
         self._connect()
         base_model = resolve_base_model(model.base_model)
+        running = self._trainers.get(model.name)
+        if running is not None and (running.config.settings, running.config.base_model) != (
+            model.config,
+            base_model,
+        ):
+            raise BackendError(
+                f"a model named {model.name!r} is already registered on this backend with another base model "
+                "or ModelConfig: give this one another name"
+            )
         plan = plan_model(model.config, cluster_shapes())
         if "gpu" in (plan.engine_device, plan.trainer_device):
             print(await self._gpu_memory_plan(model, base_model, plan), flush=True)
@@ -163,7 +172,7 @@ class RayBackend:
             [] if model.name in self._trainers else [plan.trainer_rank.demand()] * model.config.world_size
         )
         if self._base_model is None:
-            demands += [plan.replica.demand()] * model.config.num_replicas
+            demands += [plan.replica.demand()] * model.config.replicas_at_start
         await wait_placeable(
             demands,
             f"model {model.name!r} ({plan.layout})",
@@ -224,17 +233,44 @@ class RayBackend:
         new step)."""
         trainer, tracker = self._trainer(model), self.tracker(model)
         step = trainer.step
+        async for event in self._retried(model, lambda trainer: trainer.train(groups, config)):
+            yield event
+        # after the step, so that a retried or failed call logs nothing twice
         tracker.log_metrics(group_metrics(groups, "train"), step)
         save_trajectories(trainer.config.model_dir(), "train", step, groups)
-        async for event in self._logged(model, trainer.train(groups, config)):
-            yield event
 
     async def train_sft(
         self, model: TrainableModel, trajectories: list[Trajectory], config: SFTConfig
     ) -> AsyncIterator[TrainEvent]:
         """One supervised step (cross-entropy on the assistant turns), streamed as `train` is."""
-        async for event in self._logged(model, self._trainer(model).train_sft(trajectories, config)):
+        async for event in self._retried(model, lambda trainer: trainer.train_sft(trajectories, config)):
             yield event
+
+    async def _retried(
+        self, model: TrainableModel, call: Callable[[TrainerGroup], AsyncIterator[TrainEvent]]
+    ) -> AsyncIterator[TrainEvent]:
+        """Run a train call; when a trainer rank died, restart the group from its last complete
+        checkpoint and run the call once more (its gradient steps stream again). Only the result's
+        metrics are logged, once."""
+        try:
+            async for event in self._logged(model, call(self._trainer(model))):
+                yield event
+            return
+        except ray.exceptions.RayActorError as died:
+            reason = type(died).__name__
+            print(f"art-ray: {model.name}: a trainer rank died ({reason}); restarting it", flush=True)
+            await self._restart_trainer(model)
+        async for event in self._logged(model, call(self._trainer(model))):
+            yield event
+
+    async def _restart_trainer(self, model: TrainableModel) -> None:
+        from art_ray.trainer.group import TrainerGroup
+
+        dead = self._trainers.pop(model.name)
+        dead.kill()
+        trainer = TrainerGroup(dead.config, placement_timeout_s=model.config.placement_timeout_s)
+        await trainer.start()  # resumes from the latest complete checkpoint and publishes it
+        self._trainers[model.name] = trainer
 
     async def _logged(
         self, model: TrainableModel, events: AsyncIterator[TrainEvent]
@@ -302,6 +338,8 @@ class RayBackend:
     def stop_trainers(self) -> None:
         for trainer in self._trainers.values():
             trainer.shutdown()
+        for tracker in self._trackers.values():
+            tracker.finish()
         self._trainers.clear()
         self._trackers.clear()
 

@@ -53,8 +53,9 @@ class Tracker:
             max_results=1,
         )
         client = mlflow.MlflowClient()
-        if found:
+        if found:  # a resumed run is running again until finish()
             self.run_id = found[0].info.run_id
+            client.update_run(self.run_id, status="RUNNING")
         else:
             run = client.create_run(experiment.experiment_id, run_name=model, tags={RUN_TAG: model})
             self.run_id = run.info.run_id
@@ -73,6 +74,10 @@ class Tracker:
             self._client.log_batch(
                 self.run_id, metrics=[Metric(k, v, timestamp, step) for k, v in sorted(finite.items())]
             )
+
+    def finish(self) -> None:
+        """Mark the run FINISHED (its backend stopped training the model)."""
+        self._client.set_terminated(self.run_id, "FINISHED")
 
     def history(self, metric: str) -> dict[int, float]:
         return {m.step: m.value for m in self._client.get_metric_history(self.run_id, metric)}

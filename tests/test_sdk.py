@@ -29,6 +29,7 @@ from art_ray import (
 )
 from art_ray.adapters.lora_files import initial_adapter
 from art_ray.adapters.registry import publish_adapter
+from art_ray.errors import BackendError
 from art_ray.models import resolve_base_model
 
 pytestmark = pytest.mark.slow
@@ -116,6 +117,16 @@ async def test_train_log_track_and_save(registered, storage):
     assert saved_val[0].rewards == val[0].rewards
 
 
+async def test_a_second_model_of_the_same_name_and_another_config_is_refused(registered):
+    backend, model = registered
+    other_rank = CONFIG.model_copy(update={"lora": LoRASpec(r=4, alpha=8)})
+    other = TrainableModel(name=model.name, project="sdk-tests", base_model="tiny", config=other_rank)
+    with pytest.raises(BackendError, match="already registered"):
+        await other.register(backend)
+    await new_model().register(backend)  # the same model again: nothing new starts
+    assert backend._trainers[model.name].config.settings.lora.r == CONFIG.lora.r
+
+
 async def test_remote_rollouts_run_as_ray_work(registered):
     _, model = registered
     remote = remote_rollout(rollout)
@@ -177,6 +188,46 @@ async def test_a_remote_rollouts_own_exception_is_not_retried(registered, tmp_pa
     assert len(list(calls.iterdir())) == 1
 
 
+async def test_a_killed_trainer_rank_is_restarted_and_its_step_ends_as_if_nothing_happened(registered):
+    """Two models train on the same groups; one loses its trainer rank before its second step: its train()
+    call still returns the step, its adapter equals the other's, and MLflow holds each row once."""
+    import mlflow
+    import ray
+    import torch
+    from conftest import stop_trainer
+
+    backend, sampler = registered
+    killed, reference = (
+        TrainableModel(name=name, project="sdk-tests", base_model="tiny", config=CONFIG)
+        for name in ("sdk-killed", "sdk-reference")
+    )
+    for model in (killed, reference):
+        await model.register(backend)
+    try:
+        for step in (1, 2):
+            groups = await gather_trajectory_groups(
+                (TrajectoryGroup(rollout(sampler, prompt) for _ in range(4)) for prompt in PROMPTS),
+                pbar_desc=None,
+            )
+            if step == 2:  # once step 1 is on storage, its rank 0 is gone, as on a lost node
+                await backend._trainers[killed.name].wait_for_checkpoint()
+                ray.kill(backend._trainers[killed.name].workers[0])
+            for model in (killed, reference):
+                assert await model.train(groups, TrainConfig(learning_rate=1e-3), verbose=False) == step
+        adapters = [await backend._trainers[m.name].adapter_tensors() for m in (killed, reference)]
+        assert adapters[0].keys() == adapters[1].keys()
+        for name, tensor in adapters[0].items():
+            torch.testing.assert_close(tensor, adapters[1][name], rtol=0, atol=1e-6, msg=name)
+        assert f"{killed.name}@2" in served_names(killed)
+        client = mlflow.MlflowClient(killed.tracker.tracking_uri)
+        for metric in ("train/reward", "loss/train"):
+            rows = client.get_metric_history(killed.tracker.run_id, metric)
+            assert sorted(row.step for row in rows) == ([0, 1] if metric == "train/reward" else [1, 2])
+    finally:
+        for model in (killed, reference):
+            stop_trainer(backend, model.name)
+
+
 def val_group(reward: float) -> TrajectoryGroup:
     return TrajectoryGroup(
         [Trajectory(messages_and_choices=[{"role": "user", "content": "q"}], reward=reward)]
@@ -185,8 +236,12 @@ def val_group(reward: float) -> TrajectoryGroup:
 
 async def test_restart_resumes_step_and_run_then_delete_checkpoints(registered, storage):
     backend, model = registered
+    import mlflow
+
     run_id = model.tracker.run_id
+    runs = mlflow.MlflowClient(model.tracker.tracking_uri)
     backend.shutdown()  # as if the driver script stopped
+    assert runs.get_run(run_id).info.status == "FINISHED"
 
     backend = new_backend(storage)
     model = new_model()
@@ -194,6 +249,7 @@ async def test_restart_resumes_step_and_run_then_delete_checkpoints(registered, 
         await model.register(backend)
         assert await model.get_step() == 1
         assert model.tracker.run_id == run_id
+        assert runs.get_run(run_id).info.status == "RUNNING"
         assert {"sdk-model", "sdk-model@1"} <= served_names(model)
 
         # val/reward by step: 0.9 at step 1 (the best checkpoint), 0.2 at 2, 0.5 at 3 (the latest)
@@ -210,6 +266,7 @@ async def test_restart_resumes_step_and_run_then_delete_checkpoints(registered, 
         assert backend.checkpoint_steps(model) == [1, 3]
     finally:
         backend.shutdown()
+    assert runs.get_run(run_id).info.status == "FINISHED"
     # the deleted app no longer takes part in publishing (other apps on the cluster keep training)
     spec = LoRASpec(r=8, alpha=16)
     base_model = resolve_base_model("tiny")

@@ -186,6 +186,10 @@ class TrainerGroup:
         if self._checkpoint_written is not None:  # a background write finishes before its writers go
             ray.get(self._checkpoint_written, timeout=checkpoint_timeout_s)
             self._checkpoint_written = None
+        self.kill()
+
+    def kill(self) -> None:
+        """Stop every rank now (a group with a dead rank: the others may wait on it in a collective)."""
         for worker in self.workers:
             ray.kill(worker)
         remove_placement_group(self._placement_group)
