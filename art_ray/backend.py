@@ -89,6 +89,9 @@ class RayBackend:
         self._max_lora_rank = 0
         self._layout: str | None = None
         self._trainers: dict[str, TrainerGroup] = {}
+        # per model, the last train call: its checkpoint is written in the background, and if a rank dies
+        # before it is complete the restarted group runs the call again (same groups, same step)
+        self._last_call: dict[str, Callable[[TrainerGroup], AsyncIterator[TrainEvent]]] = {}
         self._trackers: dict[str, Tracker] = {}
         self._started_ray = False
 
@@ -255,6 +258,7 @@ class RayBackend:
         try:
             async for event in self._logged(model, call(self._trainer(model))):
                 yield event
+            self._last_call[model.name] = call
             return
         except ray.exceptions.RayActorError as died:
             reason = type(died).__name__
@@ -262,8 +266,12 @@ class RayBackend:
             await self._restart_trainer(model)
         async for event in self._logged(model, call(self._trainer(model))):
             yield event
+        self._last_call[model.name] = call
 
     async def _restart_trainer(self, model: TrainableModel) -> None:
+        """A new group from the latest complete checkpoint. When the rank died while the last call's
+        checkpoint was being written, that call runs again first, so its step is not lost (its metrics
+        were logged when it returned and are not logged again)."""
         from art_ray.trainer.group import TrainerGroup
 
         dead = self._trainers.pop(model.name)
@@ -271,6 +279,15 @@ class RayBackend:
         trainer = TrainerGroup(dead.config, placement_timeout_s=model.config.placement_timeout_s)
         await trainer.start()  # resumes from the latest complete checkpoint and publishes it
         self._trainers[model.name] = trainer
+        if trainer.step == dead.step - 1 and model.name in self._last_call:
+            print(f"art-ray: {model.name}: step {dead.step} was not on storage; training it again")
+            async for _ in self._last_call[model.name](trainer):
+                pass
+        if trainer.step != dead.step:
+            raise BackendError(
+                f"{model.name}: the trainer lost steps {trainer.step + 1}..{dead.step} with its rank "
+                "(no complete checkpoint holds them)"
+            )
 
     async def _logged(
         self, model: TrainableModel, events: AsyncIterator[TrainEvent]
@@ -345,15 +362,12 @@ class RayBackend:
 
     def shutdown(self) -> None:
         """Stop the trainers and the app this backend started (and Ray, if it started it)."""
-        from ray import serve
+        from art_ray.serving.launch import stop_inference, stop_local_cluster
 
         self.stop_trainers()
         if self._started_ray and ray.is_initialized():
-            serve.shutdown()  # the whole embedded cluster goes, the app with it
-            ray.shutdown()
+            stop_local_cluster()  # the whole embedded cluster goes, the app with it
             self._started_ray = False
         elif self._base_model is not None and ray.is_initialized():
-            from art_ray.serving.launch import stop_inference
-
             stop_inference(self.app_name)
         self._base_model = None

@@ -5,13 +5,15 @@ Each fault strikes before a step's rollouts: the replica and the trainer rank ar
 kills them, the registry as a crash (Ray restarts it), and the driver process SIGKILLs itself while its
 rollouts are in flight (its embedded Ray goes with it); a new driver on the same storage then resumes.
 After every train call the driver asks the endpoint for `name`: a reply sampled by an older step than the
-one train() returned is a silent stale step.
+one train() returned is a silent stale step. Right after the replica dies, the endpoint is probed one request
+at a time without client retries: with 2 replicas a lost one should fail no request.
 
 Counted at the end, from storage and MLflow: steps lost (the run ends short of --steps), trajectories lost
 (a trained step whose Parquet lacks rows; the rollouts a killed driver had in flight were never trained and
 are not counted), metric rows logged twice for one step, and the run's status.
 Last line: {"bench": "faults", "faults", "survived", "steps_lost", "trajectories_lost",
-"silent_stale_steps", "duplicated_metric_rows", "run_status", "seconds"}.
+"silent_stale_steps", "duplicated_metric_rows", "run_status", "replica_kill_requests",
+"replica_kill_failed_requests", "replica_kill_outage_s", "seconds"}.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from common import free_port, print_result, print_table  # noqa: E402
 # the fault that strikes before the rollouts of the step the model is at
 FAULTS = {1: "replica", 2: "trainer_rank", 3: "registry", 4: "driver"}
 MODEL, PROJECT = "faults", "bench"
+# how long the endpoint is probed after the replica fault
+PROBE_SECONDS = 10.0
 PROMPTS = ["Name a color.", "Say a number.", "Pick an animal.", "Name a fruit."]
 
 
@@ -115,6 +119,8 @@ async def drive(args: argparse.Namespace) -> None:
                 pbar_desc=None,
             )
         )
+        if due and fault == "replica":  # with 2 replicas the endpoint should not go down: count failures
+            await probe_endpoint(model, progress)
         if due and fault == "driver":
             await asyncio.sleep(0.3)  # rollouts in flight
             os.kill(os.getpid(), signal.SIGKILL)
@@ -125,6 +131,35 @@ async def drive(args: argparse.Namespace) -> None:
         served = reply.choices[0].model_extra["policy_version"]
         record(progress, step=new_step, served=served)
     backend.shutdown()
+
+
+async def probe_endpoint(model, progress: Path, seconds: float = PROBE_SECONDS) -> None:  # noqa: ANN001
+    """Right after a replica died: one request at a time, no client retries, for `seconds`; records how
+    many failed and the longest stretch between a failure and the next success."""
+    import openai
+
+    client = openai.AsyncOpenAI(
+        base_url=model.base_url, api_key=model.api_key or "none", max_retries=0, timeout=30
+    )
+    sent = failed = 0
+    outage_started: float | None = None
+    longest_outage = 0.0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        sent += 1
+        try:
+            await client.chat.completions.create(
+                model=model.get_inference_name(), messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+            )
+            if outage_started is not None:
+                longest_outage = max(longest_outage, time.monotonic() - outage_started)
+                outage_started = None
+        except openai.OpenAIError:
+            failed += 1
+            outage_started = outage_started or time.monotonic()
+    if outage_started is not None:
+        longest_outage = max(longest_outage, time.monotonic() - outage_started)
+    record(progress, probe="replica", sent=sent, failed=failed, longest_outage_s=round(longest_outage, 2))
 
 
 def count_results(storage: Path, steps: int, expected_rows: int) -> dict:
@@ -148,7 +183,11 @@ def count_results(storage: Path, steps: int, expected_rows: int) -> dict:
         steps_logged = [row.step for row in client.get_metric_history(run.info.run_id, metric)]
         duplicated += len(steps_logged) - len(set(steps_logged))
     struck = [(line["fault"], line["step"]) for line in lines if "fault" in line]
+    probe = next((line for line in lines if line.get("probe") == "replica"), {})
     return {
+        "replica_kill_requests": probe.get("sent", 0),
+        "replica_kill_failed_requests": probe.get("failed", 0),
+        "replica_kill_outage_s": probe.get("longest_outage_s", 0.0),
         "final_step": final,
         "survived": [fault for fault, step in struck if trained.get(step + 1) == step + 1],
         "struck": struck,

@@ -67,10 +67,9 @@ async def measure(
 
 
 async def run(args: argparse.Namespace) -> dict:
-    from ray import serve
 
     from art_ray.adapters.registry import publish_adapter
-    from art_ray.serving.launch import start_inference
+    from art_ray.serving.launch import start_inference, stop_local_cluster
 
     base_model = resolve_base_model(args.model)
     shapes = adapter_shapes(base_model, SPEC)
@@ -86,7 +85,7 @@ async def run(args: argparse.Namespace) -> dict:
     config = config.model_copy(update={"num_replicas": 2})
     start_inference(config, port=port)
     two = await measure(config, base_model, shapes, args.repeats, first_step=100)
-    serve.shutdown()
+    stop_local_cluster()
     print_table(
         f"publish -> served on all replicas, {args.model}, LoRA r={SPEC.r} ({size_mb:.1f} MB), "
         f"median of {args.repeats}",

@@ -111,7 +111,7 @@ async def pushes(args: argparse.Namespace, replicas: int, first_step: int, port:
 async def run(args: argparse.Namespace) -> dict:
     import tempfile
 
-    from ray import serve
+    from art_ray.serving.launch import stop_local_cluster
 
     start_local_ray(num_cpus=4)
     with tempfile.TemporaryDirectory() as storage:
@@ -119,7 +119,7 @@ async def run(args: argparse.Namespace) -> dict:
     port = free_port()
     two = await pushes(args, 2, 1, port)
     eight = await pushes(args, 8, 100, port)
-    serve.shutdown()
+    stop_local_cluster()
     blocked_ms = 1000 * median(calls["blocked"])
     served_s = median(calls["served"])
     print_table(

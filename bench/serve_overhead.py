@@ -71,7 +71,6 @@ async def direct_tokens_per_second(engine_config: EngineConfig, requests: int, m
 
 async def serve_tokens_per_second(engine_config: EngineConfig, requests: int, max_tokens: int) -> float:
     import openai
-    import ray
 
     from art_ray.adapters.registry import publish_adapter
     from art_ray.serving.config import ServingConfig
@@ -96,10 +95,9 @@ async def serve_tokens_per_second(engine_config: EngineConfig, requests: int, ma
     start = time.perf_counter()
     counts = await asyncio.gather(*(one(m) for m in prompts(requests)))
     elapsed = time.perf_counter() - start
-    from ray import serve
+    from art_ray.serving.launch import stop_local_cluster
 
-    serve.shutdown()
-    ray.shutdown()
+    stop_local_cluster()
     return sum(counts) / elapsed
 
 

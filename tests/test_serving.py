@@ -209,8 +209,10 @@ async def test_old_versions_are_evicted_beyond_keep_versions(inference_app) -> N
     assert status == 404
 
 
-def test_restarted_replica_serves_the_latest_version(inference_app) -> None:
-    latest = max(served_by_replicas(inference_app)[0][inference_app.model])
+def test_restarted_replica_serves_every_kept_version(inference_app) -> None:
+    kept = served_by_replicas(inference_app)[0][inference_app.model]
+    assert len(kept) > 1
+    latest = max(kept)
     expected = greedy(inference_app, f"{inference_app.model}@{latest}")
     replicas = [
         actor
@@ -235,25 +237,28 @@ def test_restarted_replica_serves_the_latest_version(inference_app) -> None:
         assert time.monotonic() < deadline, "replica did not come back"
         time.sleep(2)
     for served in served_by_replicas(inference_app):
-        assert max(served[inference_app.model]) == latest
+        assert served[inference_app.model] == kept
     for _ in range(4):  # requests land on both replicas
         assert greedy(inference_app, inference_app.model) == expected
 
 
-async def test_a_crashed_registry_comes_back_and_the_next_publish_reaches_every_replica(
+async def test_a_crashed_registry_comes_back_with_its_versions_and_the_next_publish_reaches_every_replica(
     inference_app,
 ) -> None:
     registry = get_registry()
     kept = await registry.kept_versions.remote()
-    # other models' versions die with the registry (it owned them): put back afterwards, for later tests
+    # versions no replica serves (other base models) die with the registry: put back afterwards
     held = [(version, await version.tensors) for version in kept if version.model != inference_app.model]
-    latest = max(
-        step
-        for models in await served_by_replicas_async(inference_app)
-        for step in models[inference_app.model]
-    )
+    served = await served_by_replicas_async(inference_app)
+    latest = max(step for models in served for step in models[inference_app.model])
+    kept_here = {(v.model, v.step): await v.tensors for v in kept if v.model == inference_app.model}
     ray.kill(registry, no_restart=False)  # a crash: Ray restarts it, its subscriptions come from Serve
     try:
+        # the restarted registry took the versions back from the replicas, tensors equal to the originals
+        back = {(v.model, v.step): v for v in await get_registry().kept_versions.remote()}
+        assert set(kept_here) <= set(back)
+        for key, packed in kept_here.items():
+            assert (await back[key].tensors).flat.tobytes() == packed.flat.tobytes()
         assert await published_step(inference_app, latest + 1, seed=11) == 2
         served = await served_by_replicas_async(inference_app)
         assert all(latest + 1 in models[inference_app.model] for models in served)

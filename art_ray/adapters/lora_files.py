@@ -55,6 +55,13 @@ def write_peft_adapter(
     return folder
 
 
+def read_peft_adapter(folder: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a PEFT adapter folder written by `write_peft_adapter`."""
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / ADAPTER_WEIGHTS))
+
+
 @dataclass(frozen=True)
 class PackedAdapter:
     """Adapter tensors as one flat float32 array: Ray serializes a numpy array without pickling it and

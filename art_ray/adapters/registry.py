@@ -12,9 +12,11 @@ and a version they are asked for by name (`model@step`) but do not have yet is f
 spot. The inference app's builder creates the registry (`ensure_registry`); everyone else looks it up.
 
 A registry that dies is restarted by Ray (its handles stay valid, calls in flight are retried) and takes
-its subscriptions back from Serve: every running app with an inference deployment. The versions it
-held die with it (it owned their tensors): each model's next publish records a new one. A publish never
-passes for served when a replica of its base model does not serve it: it raises PublishError.
+its subscriptions back from Serve: every running app with an inference deployment. The tensors it owned
+die with it; it takes the versions back from the replicas that serve them (each reads its copy back from
+its disk) before it answers anything, so a replica that starts later still catches up on every kept
+version. A publish never passes for served when a replica of its base model does not serve it: it raises
+PublishError.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ REGISTRY_NAME = "art_ray_lora_registry"
 REGISTRY_NAMESPACE = "art_ray"
 # The Serve deployment the registry pushes to (art_ray/serving/replica.py)
 INFERENCE_DEPLOYMENT = "InferenceReplica"
+# How long a restarted registry waits for its replicas to hand back the versions they serve
+RECOVERY_TIMEOUT_S = 60.0
 
 
 class PublishError(RuntimeError):
@@ -68,8 +72,33 @@ class LoRARegistry:
         self._subscriptions: dict[tuple[str, str], Subscription] = {}
         # Building a handle starts a router and its long poll (~100 ms): keep one per deployment.
         self._handles: dict[tuple[str, str], Any] = {}
-        if ray.get_runtime_context().was_current_actor_reconstructed:
+        self._restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        self._recovery: asyncio.Lock | None = None
+        if self._restarted:
             self._subscribe_serves_apps()
+
+    async def _recovered(self) -> None:
+        """After a restart, before the first answer: the versions back from the replicas that serve them."""
+        if not self._restarted:
+            return
+        self._recovery = self._recovery or asyncio.Lock()
+        async with self._recovery:
+            if not self._restarted:
+                return
+            try:
+                held = await self._broadcast_call("held_adapters", (), RECOVERY_TIMEOUT_S)
+            except Exception as error:  # noqa: BLE001 - a registry that answers beats one that waits forever
+                logger.warning("registry restarted: taking versions back from the replicas failed: %s", error)
+                held = []
+            for version, packed in (item for replica in held for item in replica):
+                versions = self._versions.setdefault(version.model, {})
+                if version.step not in versions:
+                    versions[version.step] = version.model_copy(update={"tensors": ray.put(packed)})
+            self._restarted = False
+            logger.warning(
+                "registry restarted: took back %s",
+                {model: sorted(steps) for model, steps in self._versions.items()},
+            )
 
     def _subscribe_serves_apps(self) -> None:
         from ray import serve
@@ -93,21 +122,26 @@ class LoRARegistry:
         self._subscriptions.pop((app_name, deployment_name), None)
         self._handles.pop((app_name, deployment_name), None)
 
-    def latest(self, model: str) -> AdapterVersion | None:
+    async def latest(self, model: str) -> AdapterVersion | None:
+        await self._recovered()
         versions = self._versions.get(model)
         return versions[max(versions)] if versions else None
 
-    def latest_versions(self) -> list[AdapterVersion]:
+    async def latest_versions(self) -> list[AdapterVersion]:
+        await self._recovered()
         return [versions[max(versions)] for versions in self._versions.values() if versions]
 
-    def kept_versions(self) -> list[AdapterVersion]:
+    async def kept_versions(self) -> list[AdapterVersion]:
         """Every version kept, oldest first per model: what a starting replica loads."""
+        await self._recovered()
         return [versions[step] for versions in self._versions.values() for step in sorted(versions)]
 
-    def get(self, model: str, step: int) -> AdapterVersion | None:
+    async def get(self, model: str, step: int) -> AdapterVersion | None:
+        await self._recovered()
         return self._versions.get(model, {}).get(step)
 
-    def steps(self, model: str) -> list[int]:
+    async def steps(self, model: str) -> list[int]:
+        await self._recovered()
         return sorted(self._versions.get(model, {}))
 
     async def publish(
@@ -151,6 +185,7 @@ class LoRARegistry:
         timeout_s: float,
     ) -> dict[str, int]:
         validate_model_name(model)
+        await self._recovered()
         version = AdapterVersion(
             model=model, step=step, base_model=base_model, lora=LoRASpec.model_validate(lora), tensors=ref
         )

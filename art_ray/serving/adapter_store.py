@@ -12,7 +12,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from art_ray.adapters.lora_files import unpack_adapter, write_peft_adapter
+from art_ray.adapters.lora_files import (
+    PackedAdapter,
+    pack_adapter,
+    read_peft_adapter,
+    unpack_adapter,
+    write_peft_adapter,
+)
 from art_ray.adapters.registry import AdapterVersion
 from art_ray.adapters.spec import versioned_name
 
@@ -48,6 +54,9 @@ class AdapterStore:
         self._source = source
         # model -> step -> (object ref id, folder) of the loaded version
         self._loaded: dict[str, dict[int, tuple[str, Path]]] = {}
+        # the registry's record of each version loaded from it (tensors dropped): what a restarted registry
+        # takes back from here
+        self._published: dict[tuple[str, int], AdapterVersion] = {}
         self._lock = asyncio.Lock()
         # (unloaded at, folder) of versions no longer served, deleted after a grace period
         self._retired: deque[tuple[float, Path]] = deque()
@@ -89,9 +98,19 @@ class AdapterStore:
             await asyncio.to_thread(write_peft_adapter, folder, tensors, version.lora, version.base_model)
             await self._add(versioned_name(version.model, version.step), folder)
             loaded[version.step] = (ref_id, folder)
+            self._published[(version.model, version.step)] = version.model_copy(update={"tensors": None})
             for old_step in sorted(loaded)[: -self._keep_versions]:
                 await self._unload(version.model, old_step)
             return True
+
+    async def held_versions(self) -> list[tuple[AdapterVersion, PackedAdapter]]:
+        """Every version loaded from the registry, with its tensors read back from this replica's disk."""
+        async with self._lock:
+            held = [(version, self._loaded[key[0]][key[1]][1]) for key, version in self._published.items()]
+        return [
+            (version, pack_adapter(await asyncio.to_thread(read_peft_adapter, folder)))
+            for version, folder in held
+        ]
 
     async def load_folder(self, model: str, step: int, folder: Path) -> None:
         """Serve a PEFT adapter folder already on this node's disk (a checkpoint) as `model@step`."""
@@ -124,6 +143,7 @@ class AdapterStore:
         if request is not None:
             await self._engine.remove_lora(request.lora_int_id)
         source, folder = self._loaded[model].pop(step)
+        self._published.pop((model, step), None)
         if not source.startswith("folder:"):  # never delete a checkpoint folder we were given
             self._retired.append((time.monotonic(), folder))
         while self._retired and time.monotonic() - self._retired[0][0] > RETIRED_FOLDER_GRACE_S:

@@ -36,3 +36,18 @@ def stop_inference(app_name: str) -> None:
 
     ray.get(get_registry().unsubscribe.remote(app_name, DEPLOYMENT_NAME))
     serve.delete(app_name)
+
+
+def stop_local_cluster() -> None:
+    """End a Ray cluster this process started: every Serve app is deleted first (replicas drain and stop
+    their engines), then Ray goes with Serve's own actors. Not `serve.shutdown()`: it kills Serve's
+    controller while this process's calls to it are retried, which Ray prints as failed tasks."""
+    from ray.serve.exceptions import RayServeException
+
+    try:
+        applications = list(serve.status().applications)
+    except RayServeException:  # Serve never started here
+        applications = []
+    for app_name in applications:
+        serve.delete(app_name)
+    ray.shutdown()
