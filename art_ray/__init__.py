@@ -12,8 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 from art_ray.adapters.spec import LoRASpec
 from art_ray.backend_protocol import Backend
+from art_ray.capture.session import CaptureSession
 from art_ray.dataset import DatasetBatch, iterate_dataset
-from art_ray.errors import ArtRayError, BackendError, MissingTokenDataError, ModelPreparationError
+from art_ray.errors import (
+    ArtRayError,
+    BackendError,
+    CaptureError,
+    MissingTokenDataError,
+    ModelPreparationError,
+)
 from art_ray.gather import TooManyExceptionsError, gather_trajectory_groups
 from art_ray.model import Model, TrainableModel
 from art_ray.model_config import ModelConfig
@@ -36,7 +43,7 @@ if TYPE_CHECKING:
     from art_ray.art_backend import ARTBackend, UnsupportedTrainArgumentError
     from art_ray.backend import RayBackend
     from art_ray.parquet import read_trajectory_groups, write_trajectory_groups
-    from art_ray.rollout_runner import remote_rollout
+    from art_ray.rollout_runner import captured_rollout, remote_rollout
 
 _ON_FIRST_USE = {
     # needs openpipe-art (`pip install "art-ray[art]"`)
@@ -44,6 +51,7 @@ _ON_FIRST_USE = {
     "UnsupportedTrainArgumentError": "art_ray.art_backend",
     "RayBackend": "art_ray.backend",
     "remote_rollout": "art_ray.rollout_runner",
+    "captured_rollout": "art_ray.rollout_runner",
     "read_trajectory_groups": "art_ray.parquet",
     "write_trajectory_groups": "art_ray.parquet",
 }
@@ -67,6 +75,8 @@ __all__ = [
     "UnsupportedTrainArgumentError",
     "ArtRayError",
     "BackendError",
+    "CaptureError",
+    "CaptureSession",
     "DatasetBatch",
     "HTTPBackend",
     "LoRASpec",
@@ -80,6 +90,7 @@ __all__ = [
     "gather_trajectory_groups",
     "iterate_dataset",
     "remote_rollout",
+    "captured_rollout",
     "History",
     "MissingTokenDataError",
     "ModelPreparationError",

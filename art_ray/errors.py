@@ -19,3 +19,7 @@ class BackendError(ArtRayError, RuntimeError):
 
 class NothingToTrainError(ArtRayError, ValueError):
     """A train call's groups hold nothing a step could learn from; nothing was trained or advanced."""
+
+
+class CaptureError(ArtRayError, ValueError):
+    """A capture session's recorded turns cannot become a Trajectory (none recorded, or one malformed)."""

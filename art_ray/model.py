@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 import pydantic
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
     from art_ray.backend_protocol import Backend
+    from art_ray.capture.session import CaptureSession
     from art_ray.tracking import Tracker
 
 _CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, AsyncOpenAI]] = (
@@ -67,6 +69,14 @@ class Model(pydantic.BaseModel):
 
     def get_inference_name(self, step: int | None = None) -> str:
         return self.inference_model_name or self.name
+
+    def capture(self, ttl_s: float | None = None) -> AbstractAsyncContextManager[CaptureSession]:
+        """`async with model.capture() as session:` the endpoint records every chat completion made through
+        `session.base_url` (any client or framework); `await session.trajectory(reward=...)` returns them
+        as a trainable Trajectory (art_ray/capture/session.py)."""
+        from art_ray.capture.session import capture
+
+        return capture(self, ttl_s)
 
 
 class TrainableModel(Model):

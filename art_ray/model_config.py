@@ -70,6 +70,9 @@ class ModelConfig(pydantic.BaseModel):
     # per-request limits of the endpoint: tokens when a request names no max_tokens, and the largest `n`
     default_max_tokens: int = pydantic.Field(default=1024, ge=1)
     max_n: int = pydantic.Field(default=128, ge=1)
+    # capture sessions: the store's cap on recorded bytes, and an unused session's lifetime
+    capture_max_bytes: int = pydantic.Field(default=256 * 2**20, ge=1)
+    capture_ttl_s: float = pydantic.Field(default=3600.0, gt=0)
     keep_versions: int = pydantic.Field(default=3, ge=1)
     replica_cpus: float = pydantic.Field(default=1.0, ge=0)
     replica_gpus: float | None = None  # None: 1 per tensor-parallel rank on GPU (0.5 colocated), 0 on CPU

@@ -116,3 +116,37 @@ def remote_rollout(
         return call
 
     return decorate(function) if function is not None else decorate
+
+
+def captured_rollout(
+    function: Callable[..., Any] | None = None,
+    *,
+    ttl_s: float | None = None,
+    max_retries: int = 3,
+    num_runners: int = 2,
+    max_concurrency: int = 1000,
+) -> Any:
+    """A remote rollout whose trajectory the endpoint records (capture sessions): decorate an agent that
+    takes a CaptureSession first (give any framework `session.base_url` and `session.api_key`) and returns
+    its reward, or (reward, metrics). Calling it with the model first, `await agent(model, *args)`, opens
+    a session, runs the agent as Ray work and returns the recorded Trajectory. A retry after a lost worker
+    starts in a new session."""
+
+    def decorate(agent: Callable[..., Any]) -> Callable[..., Awaitable[Trajectory]]:
+        @functools.wraps(agent)
+        async def run_captured(model: Any, *args: Any, **kwargs: Any) -> Trajectory:
+            from art_ray.capture.session import capture
+
+            async with capture(model, ttl_s) as session:
+                if inspect.iscoroutinefunction(agent):
+                    result = await agent(session, *args, **kwargs)
+                else:
+                    result = await asyncio.to_thread(agent, session, *args, **kwargs)
+                reward, metrics = result if isinstance(result, tuple) else (result, None)
+                return await session.trajectory(reward=reward, metrics=metrics)
+
+        return remote_rollout(
+            run_captured, max_retries=max_retries, num_runners=num_runners, max_concurrency=max_concurrency
+        )
+
+    return decorate(function) if function is not None else decorate

@@ -22,6 +22,7 @@ from art_ray import (
     TrainConfig,
     Trajectory,
     TrajectoryGroup,
+    captured_rollout,
     gather_trajectory_groups,
     read_trajectory_groups,
     remote_rollout,
@@ -31,6 +32,7 @@ from art_ray.adapters.lora_files import initial_adapter
 from art_ray.adapters.registry import publish_adapter
 from art_ray.errors import BackendError
 from art_ray.models import resolve_base_model
+from art_ray.trainer.worker import STATE_FILE
 
 pytestmark = pytest.mark.slow
 
@@ -189,8 +191,9 @@ async def test_a_remote_rollouts_own_exception_is_not_retried(registered, tmp_pa
 
 
 async def test_a_killed_trainer_rank_is_restarted_and_its_step_ends_as_if_nothing_happened(registered):
-    """Two models train on the same groups; one loses its trainer rank before its second step: its train()
-    call still returns the step, its adapter equals the other's, and MLflow holds each row once."""
+    """Two models train on the same groups; one loses its trainer rank before its second step, while its
+    first step's checkpoint was not yet complete: its train() call still returns the step (step 1 trained
+    again from the same groups), its adapter equals the other's, and MLflow holds each row once."""
     import mlflow
     import ray
     import torch
@@ -209,9 +212,11 @@ async def test_a_killed_trainer_rank_is_restarted_and_its_step_ends_as_if_nothin
                 (TrajectoryGroup(rollout(sampler, prompt) for _ in range(4)) for prompt in PROMPTS),
                 pbar_desc=None,
             )
-            if step == 2:  # once step 1 is on storage, its rank 0 is gone, as on a lost node
-                await backend._trainers[killed.name].wait_for_checkpoint()
-                ray.kill(backend._trainers[killed.name].workers[0])
+            if step == 2:  # rank 0 is gone, as on a lost node, before step 1's checkpoint was complete
+                trainer = backend._trainers[killed.name]
+                await trainer.wait_for_checkpoint()
+                (Path(trainer.config.checkpoint_dir(1)) / STATE_FILE).unlink()
+                ray.kill(trainer.workers[0])
             for model in (killed, reference):
                 assert await model.train(groups, TrainConfig(learning_rate=1e-3), verbose=False) == step
         adapters = [await backend._trainers[m.name].adapter_tensors() for m in (killed, reference)]
@@ -226,6 +231,48 @@ async def test_a_killed_trainer_rank_is_restarted_and_its_step_ends_as_if_nothin
     finally:
         for model in (killed, reference):
             stop_trainer(backend, model.name)
+
+
+async def langchain_agent(session, prompt: str) -> float:  # noqa: ANN001
+    """An agent that knows nothing of token ids or art-ray: only the base URL it is given."""
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model=session.model, base_url=session.base_url, api_key=session.api_key, max_tokens=6)
+    reply = await llm.ainvoke(prompt)
+    return float(len(reply.content) % 2)
+
+
+async def test_langchain_runs_recorded_by_the_endpoint_train_a_step_that_changes_the_served_model(registered):
+    """Each run of a LangChain agent, as a remote rollout in a capture session, becomes a trajectory; a
+    group of them trains one step, and the new step's outputs differ from the old one's."""
+    from conftest import stop_trainer
+
+    backend, _ = registered
+    model = TrainableModel(name="sdk-captured", project="sdk-tests", base_model="tiny", config=CONFIG)
+    await model.register(backend)
+    agent = captured_rollout(langchain_agent)
+
+    async def greedy_logprobs(step: int) -> list[float]:
+        completion = await model.openai_client().chat.completions.create(
+            model=model.get_inference_name(step),
+            messages=[{"role": "user", "content": PROMPTS[0]}],
+            max_tokens=4,
+            temperature=0,
+        )
+        return sampled_tokens(completion.choices[0]).logprobs
+
+    try:
+        groups = await gather_trajectory_groups(
+            (TrajectoryGroup(agent(model, prompt) for _ in range(6)) for prompt in PROMPTS), pbar_desc=None
+        )
+        for group in groups:
+            for trajectory in group:
+                (choice,) = trajectory.trainable_choices()
+                assert trajectory.reward == len(choice.message.content or "") % 2
+        assert await model.train(groups, TrainConfig(learning_rate=1e-3), verbose=False) == 1
+        assert await greedy_logprobs(1) != await greedy_logprobs(0)
+    finally:
+        stop_trainer(backend, model.name)
 
 
 def val_group(reward: float) -> TrajectoryGroup:

@@ -44,6 +44,10 @@ class ServingConfig(pydantic.BaseModel):
     api_key: str | None = None
     # The most choices one request may ask for (`n`); OpenAI's own cap is 128.
     max_n: int = pydantic.Field(default=128, ge=1)
+    # Capture sessions (art_ray/serving/capture.py): the bytes of recorded turns the cluster's store holds
+    # before it refuses new ones (429), and how long an unused session lives. The first app's values win.
+    capture_max_bytes: int = pydantic.Field(default=256 * 2**20, ge=1)
+    capture_ttl_s: float = pydantic.Field(default=3600.0, gt=0)
     # Tool calling: vLLM's parser for the model's tool-call format (e.g. "hermes"), and a chat template
     # (a path or the template text) when the model's own does not render `tools`.
     tool_call_parser: str | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 
 from art_ray.serving.asgi import Receive, Scope, Send, send_error
 
@@ -19,13 +20,43 @@ COMPLETIONS_PATH = "/v1/completions"
 MODELS_PATH = "/v1/models"
 HEALTH_PATH = "/health"
 
+# capture sessions (art_ray/serving/capture.py): opened here, read and closed at SESSION_RESOURCE, and an
+# agent's base URL is `/sessions/{id}/v1`
+SESSIONS_PATH = "/v1/capture/sessions"
+SESSION_RESOURCE = re.compile(r"^/v1/capture/sessions/([A-Za-z0-9_-]{1,64})$")
+SESSION_ROUTE = re.compile(r"^/sessions/([A-Za-z0-9_-]{1,64})(/v1/.*)$")
+
 # path -> the method it answers; OPTIONS (a browser's CORS preflight, which carries no key) goes on to
 # vLLM's CORS middleware for these paths only
-ROUTES = {CHAT_PATH: "POST", COMPLETIONS_PATH: "POST", MODELS_PATH: "GET", HEALTH_PATH: "GET"}
+ROUTES = {
+    CHAT_PATH: "POST",
+    COMPLETIONS_PATH: "POST",
+    MODELS_PATH: "GET",
+    HEALTH_PATH: "GET",
+    SESSIONS_PATH: "POST",
+}
 
 
 def request_path(scope: Scope) -> str:
     return scope["path"].removeprefix(scope.get("root_path", "")) or scope["path"]
+
+
+def session_route(path: str) -> tuple[str, str] | None:
+    """(session id, the path it stands for) of an agent's session-scoped path, else None."""
+    match = SESSION_ROUTE.match(path)
+    return (match.group(1), match.group(2)) if match else None
+
+
+def route_methods(path: str) -> tuple[str, ...] | None:
+    """The methods `path` answers (HEAD with GET), or None when it is no route."""
+    if routed := session_route(path):
+        path = routed[1]
+    if SESSION_RESOURCE.match(path):
+        return ("GET", "HEAD", "DELETE")
+    method = ROUTES.get(path)
+    if method is None:
+        return None
+    return (method, "HEAD") if method == "GET" else (method,)
 
 
 class EndpointGuard:
@@ -38,15 +69,17 @@ class EndpointGuard:
             await self.app(scope, receive, send)
             return
         path, method = request_path(scope), scope.get("method")
-        if scope["type"] == "websocket" or path not in ROUTES:
-            routes = ", ".join(sorted(ROUTES))
+        methods = route_methods(path)
+        if scope["type"] == "websocket" or methods is None:
+            routes = ", ".join([*sorted(ROUTES), "/v1/capture/sessions/{id}", "/sessions/{id}/v1/..."])
             await send_error(send, 404, f"Not found: {path}. Routes: {routes}", "NotFoundError")
             return
         if method == "OPTIONS":
             await self.app(scope, receive, send)
             return
-        if method != ROUTES[path] and not (method == "HEAD" and ROUTES[path] == "GET"):
-            await send_error(send, 405, f"{path} takes {ROUTES[path]}, not {method}", "MethodNotAllowedError")
+        if method not in methods:
+            allowed = " or ".join(m for m in methods if m != "HEAD")
+            await send_error(send, 405, f"{path} takes {allowed}, not {method}", "MethodNotAllowedError")
             return
         if not self._authorized(scope):
             await send_error(

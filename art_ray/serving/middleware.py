@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from art_ray.adapters.spec import InvalidModelNameError, parse_versioned_name, versioned_name
-from art_ray.serving.asgi import Message, Receive, Scope, Send, send_error
+from art_ray.serving.asgi import Message, Receive, Scope, Send, read_body, replay, send_error
 from art_ray.serving.endpoint_guard import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH, request_path
 from art_ray.serving.vllm_app import BASE_MODEL_NAME
 
@@ -61,13 +61,13 @@ class ModelRoutingMiddleware:
             await self.app(scope, receive, send)
 
     async def _generation(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
-        body = await _read_body(receive)
+        body = await read_body(receive)
         try:
             payload = json.loads(body)
         except ValueError:
             payload = None
         if not isinstance(payload, dict):  # vLLM answers malformed bodies with its own 400
-            await self.app(scope, _replay(body, receive), send)
+            await self.app(scope, replay(body, receive), send)
             return
         try:
             await self._rewrite_request(payload, chat)
@@ -81,7 +81,7 @@ class ModelRoutingMiddleware:
         if not payload.get("stream"):
             _, step = parse_versioned_name(payload["model"])
             send = _rewrite_json(send, lambda response: _annotate_choices(response, step))
-        await self.app(scope, _replay(new_body, receive), send)
+        await self.app(scope, replay(new_body, receive), send)
 
     async def _rewrite_request(self, payload: dict, chat: bool) -> None:
         n = payload.get("n", 1)
@@ -133,33 +133,6 @@ def _annotate_choices(response: dict, step: int | None) -> dict:
         if step is not None:
             choice["policy_version"] = step
     return response
-
-
-async def _read_body(receive: Receive) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            break
-    return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """Hand the (rewritten) body over once, then the client's own messages: vLLM cancels a request
-    when it sees `http.disconnect`, so that must only come from a real disconnect."""
-    sent = False
-
-    async def replayed() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replayed
 
 
 def _rewrite_json(send: Send, rewrite: Callable[[dict], dict]) -> Send:

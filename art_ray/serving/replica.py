@@ -13,10 +13,13 @@ from ray import serve
 from starlette.middleware import Middleware
 
 from art_ray import storage
+from art_ray.adapters.lora_files import PackedAdapter
 from art_ray.adapters.registry import INFERENCE_DEPLOYMENT, AdapterVersion, ensure_registry, get_registry
 from art_ray.adapters.spec import validate_model_name
+from art_ray.capture.store import ensure_capture_store, get_capture_store
 from art_ray.colocation import EngineHandover
 from art_ray.serving.adapter_store import AdapterStore
+from art_ray.serving.capture import CaptureMiddleware
 from art_ray.serving.config import ServedCheckpoint, ServingConfig
 from art_ray.serving.disconnect import DisconnectOnCancel
 from art_ray.serving.endpoint_guard import EndpointGuard
@@ -45,11 +48,12 @@ class InferenceReplica:
             config.engine.model,
             self._registry.get.remote,
         )
-        # Outermost: a cancelled request tells vLLM its client left, then the gate (routes, key); innermost,
-        # after vLLM's own middleware: model names and per-request limits.
+        # Outermost: a cancelled request tells vLLM its client left, then the gate (routes, key), then
+        # capture sessions; innermost, after vLLM's own middleware: model names and per-request limits.
         self._app.user_middleware[:0] = [
             Middleware(DisconnectOnCancel),
             Middleware(EndpointGuard, api_key=config.api_key),
+            Middleware(CaptureMiddleware, store=get_capture_store),
         ]
         self._app.user_middleware.append(
             Middleware(ModelRoutingMiddleware, versions=self._adapters, max_n=config.max_n)
@@ -77,6 +81,11 @@ class InferenceReplica:
             return None
         await self._adapters.load(version)
         return self._adapters.served_models()
+
+    async def held_adapters(self) -> list[tuple[AdapterVersion, PackedAdapter]]:
+        """The registry's versions this replica serves, tensors included: a restarted registry takes them
+        back from its replicas (it owned the originals, which died with it)."""
+        return await self._adapters.held_versions()
 
     async def handover(self, base_model: str, action: str) -> bool:
         """Colocated layout: give the devices to the trainer of `base_model` or take them back."""
@@ -133,6 +142,7 @@ def build_inference_app(config: ServingConfig) -> serve.Application:
     """A Serve application (`serve.run(app)`) serving the OpenAI API for the configured base model; the
     LoRA registry its replicas subscribe to is created here if the cluster has none."""
     ensure_registry()
+    ensure_capture_store(config.capture_max_bytes, config.capture_ttl_s)
     scaling = (
         {"autoscaling_config": config.autoscaling.model_dump()}
         if config.autoscaling

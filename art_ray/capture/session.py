@@ -1,0 +1,119 @@
+"""A capture session from the client's side: an OpenAI base URL for any agent, and the Trajectory the
+endpoint recorded through it.
+
+Plain HTTP to the endpoint (art_ray/serving/capture.py), so it works the same from a RayBackend driver,
+an HTTPBackend client, a remote rollout on any node or a process with no Ray at all:
+
+    async with model.capture() as session:
+        await my_langgraph_agent(base_url=session.base_url, api_key=session.api_key)
+        trajectory = await session.trajectory(reward=score())
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import pydantic
+
+from art_ray.capture.turns import CapturedTurn
+from art_ray.errors import CaptureError
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
+    from art_ray.model import Model
+    from art_ray.trajectories import Trajectory
+
+SESSION_HEADER = "X-Art-Ray-Session"
+
+
+class CaptureSession(pydantic.BaseModel):
+    """`base_url` and `api_key` go to the agent's OpenAI client or framework; a client that cannot change
+    its URL sends `headers` on the model's own endpoint instead."""
+
+    id: str
+    model: str
+    endpoint: str  # the model's base URL (.../v1)
+    api_key: str | None = None
+    expires_at: float
+
+    @property
+    def base_url(self) -> str:
+        root = self.endpoint.removesuffix("/").removesuffix("/v1")
+        return f"{root}/sessions/{self.id}/v1"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {SESSION_HEADER: self.id}
+
+    def openai_client(self, **kwargs: Any) -> AsyncOpenAI:
+        from openai import AsyncOpenAI
+
+        return AsyncOpenAI(base_url=self.base_url, api_key=self.api_key or "unused", **kwargs)
+
+    async def turns(self) -> list[CapturedTurn]:
+        """Every completion recorded so far, in the order they were stored."""
+        response = await _request(
+            "GET", self.endpoint, f"/capture/sessions/{self.id}", self.api_key, params={"model": self.model}
+        )
+        return [CapturedTurn.model_validate(turn) for turn in response["turns"]]
+
+    async def trajectory(
+        self, reward: float, metrics: dict[str, float | int | bool] | None = None
+    ) -> Trajectory:
+        """The recorded turns as one Trajectory (art_ray/capture/assemble.py): each assistant turn the
+        exact sampled choice; turns that do not extend the conversation go to `additional_histories`."""
+        from art_ray.capture.assemble import build_trajectory
+
+        return build_trajectory(await self.turns(), reward, metrics)
+
+    async def close(self) -> None:
+        """Drop the recorded turns (a session also expires `ttl_s` after its last use)."""
+        await _request("DELETE", self.endpoint, f"/capture/sessions/{self.id}", self.api_key, missing_ok=True)
+
+
+async def open_session(model: Model, ttl_s: float | None = None) -> CaptureSession:
+    if model.base_url is None:
+        raise CaptureError(f"model {model.name!r} has no endpoint: register it (or set base_url) first")
+    body: dict[str, Any] = {"model": model.name}
+    if ttl_s is not None:
+        body["ttl_s"] = ttl_s
+    info = await _request("POST", model.base_url, "/capture/sessions", model.api_key, json=body)
+    return CaptureSession(
+        id=info["id"],
+        model=info["model"],
+        endpoint=model.base_url,
+        api_key=model.api_key,
+        expires_at=info["expires_at"],
+    )
+
+
+@asynccontextmanager
+async def capture(model: Model, ttl_s: float | None = None) -> AsyncIterator[CaptureSession]:
+    """Open a session, hand it to the block, close it afterwards (read the trajectory inside)."""
+    session = await open_session(model, ttl_s)
+    try:
+        yield session
+    finally:
+        await session.close()
+
+
+async def _request(
+    method: str, endpoint: str, path: str, api_key: str | None, missing_ok: bool = False, **kwargs: Any
+) -> dict[str, Any]:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(timeout=60) as client:
+        response = await client.request(method, endpoint.rstrip("/") + path, headers=headers, **kwargs)
+    if response.status_code == 404 and missing_ok:
+        return {}
+    if response.status_code != 200:
+        try:
+            message = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = response.text
+        raise CaptureError(f"{method} {path}: {response.status_code} {message}")
+    return response.json()

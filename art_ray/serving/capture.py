@@ -1,0 +1,253 @@
+"""Server-side capture: the endpoint records what it sampled in a capture session, for any client.
+
+Routes (under the app's prefix, behind the key like every route):
+- `POST /v1/capture/sessions` `{"model": name, "ttl_s": optional}` opens a session bound to the caller's
+  key and that model: `{"id", "model", "expires_at"}`.
+- An agent then calls `/sessions/{id}/v1/chat/completions` (give any OpenAI client the base URL
+  `.../sessions/{id}/v1`), or `/v1/chat/completions` with the header `X-Art-Ray-Session: {id}`.
+- `GET /v1/capture/sessions/{id}?model=name` returns `{"id", "model", "turns"}`; `DELETE` closes it.
+
+Each chat completion in a session is recorded as a CapturedTurn: the request's messages and tools as sent,
+and the choice as the client received it (with its token ids, logprobs, prompt token ids and policy
+version; a stream is assembled from its chunks). The turn is appended to the cluster's capture store
+before the response's last byte goes out. A session records one choice per request (`n` must be 1) and
+chat completions only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+from art_ray.adapters.spec import InvalidModelNameError, parse_versioned_name
+from art_ray.capture.turns import CapturedTurn
+from art_ray.serving.asgi import Message, Receive, Scope, Send, read_body, replay, send_error, send_json
+from art_ray.serving.endpoint_guard import (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    SESSION_RESOURCE,
+    SESSIONS_PATH,
+    request_path,
+    session_route,
+)
+
+SESSION_HEADER = b"x-art-ray-session"
+ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitError"}
+
+
+def key_digest(scope: Scope) -> str:
+    """SHA-256 of the bearer token the request carries ("" counts as a key too: a keyless endpoint)."""
+    header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+    scheme, _, token = header.partition(" ")
+    return hashlib.sha256((token if scheme.lower() == "bearer" else "").encode("latin-1")).hexdigest()
+
+
+class CaptureMiddleware:
+    """`store()`: the capture store's actor handle (looked up on first use)."""
+
+    def __init__(self, app: Callable, store: Callable[[], Any]) -> None:
+        self.app = app
+        self._store_lookup = store
+        self._store: Any = None
+
+    @property
+    def store(self) -> Any:
+        if self._store is None:
+            self._store = self._store_lookup()
+        return self._store
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path, method = request_path(scope), scope["method"]
+        if path == SESSIONS_PATH and method == "POST":
+            await self._open(scope, receive, send)
+            return
+        if match := SESSION_RESOURCE.match(path):
+            await self._resource(scope, send, match.group(1), method)
+            return
+        session_id = dict(scope["headers"]).get(SESSION_HEADER, b"").decode("latin-1") or None
+        if routed := session_route(path):
+            session_id, path = routed
+            root = scope.get("root_path", "")
+            scope = {**scope, "path": root + path, "raw_path": (root + path).encode()}
+        if session_id is None or method != "POST":
+            await self.app(scope, receive, send)
+            return
+        if path == COMPLETIONS_PATH:
+            await send_error(send, 400, "capture sessions record chat completions only", "BadRequestError")
+            return
+        if path != CHAT_PATH:
+            await self.app(scope, receive, send)
+            return
+        await self._record(scope, receive, send, session_id)
+
+    async def _open(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            payload = json.loads(await read_body(receive))
+            model = payload["model"]
+            ttl_s = payload.get("ttl_s")
+            if not isinstance(model, str) or parse_versioned_name(model)[1] is not None:
+                raise ValueError
+            if ttl_s is not None and not (isinstance(ttl_s, int | float) and ttl_s > 0):
+                raise ValueError
+        except (ValueError, KeyError, TypeError, InvalidModelNameError):
+            message = (
+                'open a session with {"model": "<model name, without @step>", "ttl_s": optional seconds}'
+            )
+            await send_error(send, 400, message, "BadRequestError")
+            return
+        info = await self.store.open.remote(model, key_digest(scope), ttl_s)
+        await send_json(send, 200, info.model_dump())
+
+    async def _resource(self, scope: Scope, send: Send, session_id: str, method: str) -> None:
+        digest = key_digest(scope)
+        if method == "DELETE":
+            if await self.store.close.remote(session_id, digest):
+                await send_json(send, 200, {"id": session_id, "deleted": True})
+                return
+        elif method == "GET":
+            model = parse_qs(scope.get("query_string", b"").decode()).get("model", [""])[0]
+            turns = await self.store.read.remote(session_id, digest, model)
+            if turns is not None:
+                body = {"id": session_id, "model": model, "turns": [turn.model_dump() for turn in turns]}
+                await send_json(send, 200, body)
+                return
+        await send_error(send, 404, f"capture session {session_id!r} not found or expired", "NotFoundError")
+
+    async def _record(self, scope: Scope, receive: Receive, send: Send, session_id: str) -> None:
+        body = await read_body(receive)
+        try:
+            payload = json.loads(body)
+            name = parse_versioned_name(payload["model"])[0]
+        except (ValueError, KeyError, TypeError, InvalidModelNameError):
+            # not recordable; the model-name middleware or vLLM answers it with its own 400
+            await self.app(scope, replay(body, receive), send)
+            return
+        if payload.get("n") not in (None, 1):
+            await send_error(
+                send,
+                400,
+                "a capture session records one choice per request: `n` must be 1",
+                "BadRequestError",
+                "n",
+            )
+            return
+        digest = key_digest(scope)
+        refused = await self.store.admit.remote(session_id, digest, name)
+        if refused is not None:
+            await send_error(send, refused.status, refused.message, ERROR_TYPES[refused.status])
+            return
+        response = _Response(stream=bool(payload.get("stream")))
+
+        async def recorded(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                response.status = message["status"]
+            elif message["type"] == "http.response.body" and response.status == 200:
+                response.feed(message.get("body", b""))
+                if not message.get("more_body"):  # the last byte waits until the turn is stored
+                    choice = response.choice()
+                    if choice is not None:
+                        turn = CapturedTurn(
+                            request_messages=payload.get("messages") or [],
+                            tools=payload.get("tools"),
+                            choice=choice,
+                            model=payload["model"],
+                            created_at=time.time(),
+                        )
+                        await self.store.append.remote(session_id, digest, turn)
+            await send(message)
+
+        await self.app(scope, replay(body, receive), recorded)
+
+
+class _Response:
+    """A chat completion's body as it streams by; `choice()` is its first choice in the non-streaming
+    shape (a stream's chunks merged), or None when it held none."""
+
+    def __init__(self, stream: bool) -> None:
+        self.stream = stream
+        self.status = 0
+        self._chunks: list[bytes] = []
+
+    def feed(self, chunk: bytes) -> None:
+        self._chunks.append(chunk)
+
+    def choice(self) -> dict[str, Any] | None:
+        body = b"".join(self._chunks)
+        if not self.stream:
+            try:
+                choices = json.loads(body).get("choices") or []
+            except ValueError:
+                return None
+            return choices[0] if choices else None
+        events = []
+        for line in body.decode("utf-8", errors="replace").splitlines():
+            data = line.removeprefix("data:").strip() if line.startswith("data:") else ""
+            if data and data != "[DONE]":
+                try:
+                    events.append(json.loads(data))
+                except ValueError:
+                    continue
+        return merge_stream(events)
+
+
+def merge_stream(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A streamed chat completion's chunks as one non-streaming choice (choice index 0)."""
+    content: list[str] = []
+    tool_calls: dict[int, dict[str, Any]] = {}
+    token_ids: list[int] = []
+    logprobs: list[Any] = []
+    finish_reason = None
+    prompt_token_ids = None
+    step = None
+    seen = False
+    for event in events:
+        if prompt_token_ids is None and event.get("prompt_token_ids") is not None:
+            prompt_token_ids = event["prompt_token_ids"]
+        if step is None and isinstance(event.get("model"), str):
+            try:
+                step = parse_versioned_name(event["model"])[1]
+            except InvalidModelNameError:
+                step = None
+        for choice in event.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue
+            seen = True
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                content.append(delta["content"])
+            for call in delta.get("tool_calls") or []:
+                merged = tool_calls.setdefault(
+                    call.get("index", 0),
+                    {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+                )
+                merged["id"] = call.get("id") or merged["id"]
+                function = call.get("function") or {}
+                merged["function"]["name"] += function.get("name") or ""
+                merged["function"]["arguments"] += function.get("arguments") or ""
+            token_ids.extend(choice.get("token_ids") or [])
+            logprobs.extend((choice.get("logprobs") or {}).get("content") or [])
+            finish_reason = choice.get("finish_reason") or finish_reason
+    if not seen:
+        return None
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
+    if tool_calls:
+        message["tool_calls"] = [tool_calls[index] for index in sorted(tool_calls)]
+    choice = {
+        "index": 0,
+        "message": message,
+        "finish_reason": finish_reason or "stop",
+        "logprobs": {"content": logprobs} if logprobs else None,
+        "token_ids": token_ids,
+    }
+    if prompt_token_ids is not None:
+        choice["prompt_token_ids"] = prompt_token_ids
+    if step is not None:
+        choice["policy_version"] = step
+    return choice
