@@ -53,9 +53,17 @@ class Tracker:
             max_results=1,
         )
         client = mlflow.MlflowClient()
+        # (metric, step) rows a resumed run already holds: a step the previous driver logged but had not
+        # yet checkpointed when it died is trained again, and its rows are not logged a second time
+        self._logged_before: set[tuple[str, int]] = set()
         if found:  # a resumed run is running again until finish()
             self.run_id = found[0].info.run_id
             client.update_run(self.run_id, status="RUNNING")
+            self._logged_before = {
+                (key, row.step)
+                for key in found[0].data.metrics
+                for row in client.get_metric_history(self.run_id, key)
+            }
         else:
             run = client.create_run(experiment.experiment_id, run_name=model, tags={RUN_TAG: model})
             self.run_id = run.info.run_id
@@ -65,7 +73,9 @@ class Tracker:
         finite = {
             name.replace("@", "_"): float(value)
             for name, value in metrics.items()
-            if isinstance(value, int | float) and math.isfinite(float(value))
+            if isinstance(value, int | float)
+            and math.isfinite(float(value))
+            and (name.replace("@", "_"), step) not in self._logged_before
         }
         if finite:
             from mlflow.entities import Metric

@@ -1,0 +1,25 @@
+"""The MLflow tracker on a real sqlite store: a resumed run never holds a (metric, step) row twice."""
+
+from __future__ import annotations
+
+from art_ray.tracking import Tracker
+
+
+def test_a_resumed_run_does_not_log_a_step_the_dead_driver_had_logged(tmp_path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    first = Tracker("tracking-tests", "model", uri)
+    first.log_metrics({"loss/train": 0.5}, step=1)
+    first.log_metrics({"loss/train": 0.4, "train/reward": 0.2}, step=2)  # then the driver dies
+    resumed = Tracker("tracking-tests", "model", uri)  # the checkpoint was at step 1: step 2 is trained again
+    assert resumed.run_id == first.run_id
+    resumed.log_metrics({"loss/train": 0.45, "train/reward": 0.3, "grad_norm": 1.0}, step=2)
+    resumed.log_metrics({"loss/train": 0.3}, step=3)
+    resumed.log_metrics({"loss/train": 0.25}, step=3)  # this process's own rows are not filtered
+    assert sorted(r.step for r in resumed._client.get_metric_history(resumed.run_id, "loss/train")) == [
+        1,
+        2,
+        3,
+        3,
+    ]
+    assert resumed.history("train/reward") == {2: 0.2}
+    assert resumed.history("grad_norm") == {2: 1.0}
