@@ -42,6 +42,7 @@ from art_ray.trajectories import (
 if TYPE_CHECKING:
     from art_ray.art_backend import ARTBackend, UnsupportedTrainArgumentError
     from art_ray.backend import RayBackend
+    from art_ray.capture.session import capture_session
     from art_ray.parquet import read_trajectory_groups, write_trajectory_groups
     from art_ray.rollout_runner import captured_rollout, remote_rollout
 
@@ -52,6 +53,7 @@ _ON_FIRST_USE = {
     "RayBackend": "art_ray.backend",
     "remote_rollout": "art_ray.rollout_runner",
     "captured_rollout": "art_ray.rollout_runner",
+    "capture_session": "art_ray.capture.session",
     "read_trajectory_groups": "art_ray.parquet",
     "write_trajectory_groups": "art_ray.parquet",
 }
@@ -91,6 +93,7 @@ __all__ = [
     "iterate_dataset",
     "remote_rollout",
     "captured_rollout",
+    "capture_session",
     "History",
     "MissingTokenDataError",
     "ModelPreparationError",

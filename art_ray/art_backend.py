@@ -149,6 +149,21 @@ def trajectory_from_art(trajectory: art.Trajectory) -> Trajectory:
     )
 
 
+def trajectory_to_art(trajectory: Trajectory) -> art.Trajectory:
+    """The reverse of trajectory_from_art (e.g. a capture session's trajectory for an ART script)."""
+    data = trajectory.model_dump(exclude={"messages_and_choices", "additional_histories"})
+    return art.Trajectory.model_validate(
+        {
+            **data,
+            "messages_and_choices": list(trajectory.messages_and_choices),
+            "additional_histories": [
+                art.trajectories.History(messages_and_choices=list(h.messages_and_choices), tools=h.tools)
+                for h in trajectory.additional_histories
+            ],
+        }
+    )
+
+
 def group_from_art(group: art.TrajectoryGroup) -> TrajectoryGroup:
     return TrajectoryGroup(
         [trajectory_from_art(trajectory) for trajectory in group.trajectories],

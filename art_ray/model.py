@@ -74,9 +74,9 @@ class Model(pydantic.BaseModel):
         """`async with model.capture() as session:` the endpoint records every chat completion made through
         `session.base_url` (any client or framework); `await session.trajectory(reward=...)` returns them
         as a trainable Trajectory (art_ray/capture/session.py)."""
-        from art_ray.capture.session import capture
+        from art_ray.capture.session import capture_session
 
-        return capture(self, ttl_s)
+        return capture_session(self, ttl_s)
 
 
 class TrainableModel(Model):

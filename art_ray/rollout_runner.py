@@ -135,9 +135,9 @@ def captured_rollout(
     def decorate(agent: Callable[..., Any]) -> Callable[..., Awaitable[Trajectory]]:
         @functools.wraps(agent)
         async def run_captured(model: Any, *args: Any, **kwargs: Any) -> Trajectory:
-            from art_ray.capture.session import capture
+            from art_ray.capture.session import capture_session
 
-            async with capture(model, ttl_s) as session:
+            async with capture_session(model, ttl_s) as session:
                 if inspect.iscoroutinefunction(agent):
                     result = await agent(session, *args, **kwargs)
                 else:

@@ -2,8 +2,10 @@
 
 Both paths use the same EngineConfig (SmolLM2-135M, float32, one engine thread), the same step-0
 adapter, the same concurrency and fixed-length outputs (ignore_eos), so the ratio is what the HTTP
-hop, Serve's proxy and routing, vLLM's OpenAI layer and art-ray's middleware cost.
-Last line: {"bench": "serve_overhead", "ratio": serve tok/s / direct tok/s, ...}.
+hop, Serve's proxy and routing, vLLM's OpenAI layer and art-ray's middleware cost. The same app then serves
+each request in its own capture session (opened, recorded, read back as a Trajectory, closed), rounds
+alternated with plain requests: capture_ratio is what recording costs (median of --rounds each).
+Last line: {"bench": "serve_overhead", "ratio": serve tok/s / direct tok/s, "capture_ratio", ...}.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import free_port, print_result, print_table, start_local_ray  # noqa: E402
+from common import free_port, median, print_result, print_table, start_local_ray  # noqa: E402
 
 from art_ray.adapters.lora_files import initial_adapter, write_peft_adapter  # noqa: E402
 from art_ray.adapters.spec import LoRASpec  # noqa: E402
@@ -69,20 +71,26 @@ async def direct_tokens_per_second(engine_config: EngineConfig, requests: int, m
     return sum(counts) / elapsed
 
 
-async def serve_tokens_per_second(engine_config: EngineConfig, requests: int, max_tokens: int) -> float:
+async def serve_tokens_per_second(
+    engine_config: EngineConfig, requests: int, max_tokens: int, rounds: int
+) -> tuple[float, float]:
+    """(plain, captured) tok/s through the same app, rounds alternated: captured = each request in its
+    own capture session, opened, recorded, read back as a Trajectory and closed, as a rollout does."""
     import openai
 
+    from art_ray import Model
     from art_ray.adapters.registry import publish_adapter
     from art_ray.serving.config import ServingConfig
-    from art_ray.serving.launch import start_inference
+    from art_ray.serving.launch import start_inference, stop_local_cluster
 
     start_local_ray()
     base_url = start_inference(ServingConfig(engine=engine_config, num_replicas=1), port=free_port())
     await publish_adapter("bench", 0, engine_config.model, SPEC, initial_adapter(engine_config.model, SPEC))
     client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=600)
+    model = Model(name="bench", project="bench", base_url=base_url)
 
-    async def one(messages: list[dict]) -> int:
-        response = await client.chat.completions.create(
+    async def one(messages: list[dict], chat: openai.AsyncOpenAI = client) -> int:
+        response = await chat.chat.completions.create(
             model="bench",
             messages=messages,
             max_tokens=max_tokens,
@@ -91,14 +99,25 @@ async def serve_tokens_per_second(engine_config: EngineConfig, requests: int, ma
         )
         return response.usage.completion_tokens
 
-    await asyncio.gather(*(one(m) for m in prompts(4)))
-    start = time.perf_counter()
-    counts = await asyncio.gather(*(one(m) for m in prompts(requests)))
-    elapsed = time.perf_counter() - start
-    from art_ray.serving.launch import stop_local_cluster
+    async def captured(messages: list[dict]) -> int:
+        async with model.capture() as session:
+            tokens = await one(messages, session.openai_client(max_retries=0, timeout=600))
+            trajectory = await session.trajectory(reward=0.0)
+        assert len(trajectory.trainable_choices()) == 1
+        return tokens
 
+    async def rate(run) -> float:  # noqa: ANN001
+        start = time.perf_counter()
+        counts = await asyncio.gather(*(run(m) for m in prompts(requests)))
+        return sum(counts) / (time.perf_counter() - start)
+
+    await asyncio.gather(*(one(m) for m in prompts(4)), *(captured(m) for m in prompts(4)))  # warm-up
+    plain, with_capture = [], []
+    for _ in range(rounds):
+        plain.append(await rate(one))
+        with_capture.append(await rate(captured))
     stop_local_cluster()
-    return sum(counts) / elapsed
+    return median(plain), median(with_capture)
 
 
 def main() -> None:
@@ -107,19 +126,28 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3, help="Serve rounds, plain and captured alternated")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     engine_config = EngineConfig(
         model=resolve_base_model(args.model), device="cpu", max_model_len=1024, threads=args.threads
     )
     direct = asyncio.run(direct_tokens_per_second(engine_config, args.requests, args.max_tokens))
-    served = asyncio.run(serve_tokens_per_second(engine_config, args.requests, args.max_tokens))
+    served, captured = asyncio.run(
+        serve_tokens_per_second(engine_config, args.requests, args.max_tokens, args.rounds)
+    )
     ratio = served / direct
     print_table(
         f"{args.requests} concurrent chat requests x {args.max_tokens} tokens, {args.model}, "
         f"{args.threads} engine thread(s)",
         ["path", "output tok/s"],
-        [["vLLM AsyncLLM direct", direct], ["art-ray Serve + openai client", served], ["ratio", ratio]],
+        [
+            ["vLLM AsyncLLM direct", direct],
+            ["art-ray Serve + openai client", served],
+            ["ratio (Serve / direct)", ratio],
+            ["Serve, each request in a capture session", captured],
+            ["capture ratio (captured / plain Serve)", captured / served],
+        ],
     )
     print_result(
         {
@@ -127,6 +155,8 @@ def main() -> None:
             "ratio": round(ratio, 3),
             "direct_tok_s": round(direct, 1),
             "serve_tok_s": round(served, 1),
+            "capture_ratio": round(captured / served, 3),
+            "captured_tok_s": round(captured, 1),
             "requests": args.requests,
             "max_tokens": args.max_tokens,
             "model": args.model,

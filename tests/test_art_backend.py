@@ -303,6 +303,37 @@ async def test_arts_train_sft_is_one_step_through_the_same_trainer(art_backend: 
 
 
 @pytest.mark.slow
+async def test_an_art_script_trains_on_trajectories_the_endpoint_captured(art_backend: ARTBackend) -> None:
+    """ART's model and train call, with trajectories recorded by capture sessions: the agent only gets
+    a base URL (here the raw openai client, as any framework would use it)."""
+    import openai
+
+    from art_ray import capture_session
+
+    model = art.TrainableModel(name="art-captured", project="yes-no-maybe", base_model="smollm2-135m")
+    await model.register(art_backend)
+
+    async def rollout(prompt: str) -> art.Trajectory:
+        async with capture_session(model) as session:
+            client = openai.AsyncOpenAI(base_url=session.base_url, api_key=session.api_key)
+            completion = await client.chat.completions.create(
+                model=model.name, messages=[{"role": "user", "content": prompt}], max_tokens=6
+            )
+            reward = float(len(completion.choices[0].message.content or "") % 2)
+            return await session.art_trajectory(reward=reward)
+
+    prompt = "Answer yes, no or maybe: is the sky green?"
+    groups = await art.gather_trajectory_groups(
+        [art.TrajectoryGroup(rollout(prompt) for _ in range(6)) for _ in range(2)], pbar_desc=None
+    )
+    assert all(isinstance(t, art.Trajectory) for g in groups for t in g.trajectories)
+    before = await _greedy_logprob(model, 0, prompt)
+    await art_backend.train(model, groups, learning_rate=1e-3)
+    assert await model.get_step() == 1
+    assert await _greedy_logprob(model, 1, prompt) != pytest.approx(before, abs=1e-4)
+
+
+@pytest.mark.slow
 async def test_arts_ruler_judges_through_litellm_with_the_served_model(art_backend: ARTBackend) -> None:
     """ART's RULER (LiteLLM's `hosted_vllm/` provider) with the served SmolLM2 as the judge: ART asks for
     structured output, and the endpoint constrains the reply to its JSON schema."""

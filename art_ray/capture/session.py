@@ -69,30 +69,38 @@ class CaptureSession(pydantic.BaseModel):
 
         return build_trajectory(await self.turns(), reward, metrics)
 
+    async def art_trajectory(
+        self, reward: float, metrics: dict[str, float | int | bool] | None = None
+    ) -> Any:
+        """`trajectory()` as ART's `art.Trajectory`, for ART scripts (needs openpipe-art)."""
+        from art_ray.art_backend import trajectory_to_art
+
+        return trajectory_to_art(await self.trajectory(reward, metrics))
+
     async def close(self) -> None:
         """Drop the recorded turns (a session also expires `ttl_s` after its last use)."""
         await _request("DELETE", self.endpoint, f"/capture/sessions/{self.id}", self.api_key, missing_ok=True)
 
 
-async def open_session(model: Model, ttl_s: float | None = None) -> CaptureSession:
-    if model.base_url is None:
+async def open_session(model: Model | Any, ttl_s: float | None = None) -> CaptureSession:
+    """`model`: an art_ray Model, or ART's (`inference_base_url`, `inference_api_key`)."""
+    endpoint = getattr(model, "base_url", None) or getattr(model, "inference_base_url", None)
+    api_key = getattr(model, "api_key", None) or getattr(model, "inference_api_key", None)
+    if endpoint is None:
         raise CaptureError(f"model {model.name!r} has no endpoint: register it (or set base_url) first")
     body: dict[str, Any] = {"model": model.name}
     if ttl_s is not None:
         body["ttl_s"] = ttl_s
-    info = await _request("POST", model.base_url, "/capture/sessions", model.api_key, json=body)
+    info = await _request("POST", endpoint, "/capture/sessions", api_key, json=body)
     return CaptureSession(
-        id=info["id"],
-        model=info["model"],
-        endpoint=model.base_url,
-        api_key=model.api_key,
-        expires_at=info["expires_at"],
+        id=info["id"], model=info["model"], endpoint=endpoint, api_key=api_key, expires_at=info["expires_at"]
     )
 
 
 @asynccontextmanager
-async def capture(model: Model, ttl_s: float | None = None) -> AsyncIterator[CaptureSession]:
-    """Open a session, hand it to the block, close it afterwards (read the trajectory inside)."""
+async def capture_session(model: Model | Any, ttl_s: float | None = None) -> AsyncIterator[CaptureSession]:
+    """Open a session, hand it to the block, close it afterwards (read the trajectory inside). Also for
+    ART's models: `async with art_ray.capture_session(art_model) as session`."""
     session = await open_session(model, ttl_s)
     try:
         yield session
