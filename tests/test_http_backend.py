@@ -238,3 +238,22 @@ def test_an_example_script_trains_through_the_server_without_ray(server_url) -> 
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["task"] == "temporal_clue" and result["steps"] == 1
     assert "ray.init" not in run.stderr and "Started a local Ray instance" not in run.stderr
+
+
+async def test_trajectories_the_endpoint_captured_train_through_the_server(registered) -> None:
+    """Capture sessions with an HTTPBackend: plain HTTP to the endpoint, and the turns train through the
+    training server."""
+    _, model = registered
+    step = await model.get_step()
+
+    async def captured(prompt: str, reward: float) -> Trajectory:
+        async with model.capture() as session:
+            await session.openai_client(max_retries=0).chat.completions.create(
+                model=model.name, messages=[{"role": "user", "content": prompt}], max_tokens=4
+            )
+            return await session.trajectory(reward=reward)
+
+    rewards = (0.0, 1.0, 0.0, 1.0)
+    groups = [TrajectoryGroup([await captured(prompt, r) for r in rewards]) for prompt in PROMPTS]
+    assert all(len(t.trainable_choices()) == 1 for g in groups for t in g)
+    assert await model.train(groups, TrainConfig(learning_rate=1e-3), verbose=False) == step + 1

@@ -40,19 +40,25 @@ ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitErro
 
 
 def key_digest(scope: Scope) -> str:
-    """SHA-256 of the bearer token the request carries ("" counts as a key too: a keyless endpoint)."""
+    """SHA-256 of the bearer token the request carries."""
     header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
     scheme, _, token = header.partition(" ")
     return hashlib.sha256((token if scheme.lower() == "bearer" else "").encode("latin-1")).hexdigest()
 
 
 class CaptureMiddleware:
-    """`store()`: the capture store's actor handle (looked up on first use)."""
+    """`store()`: the capture store's actor handle (looked up on first use). `keyed`: whether the
+    endpoint has a key; sessions are bound to it. A keyless endpoint binds none (clients send made-up
+    keys, which differ from client to client), and its sessions are reached by their random id alone."""
 
-    def __init__(self, app: Callable, store: Callable[[], Any]) -> None:
+    def __init__(self, app: Callable, store: Callable[[], Any], keyed: bool) -> None:
         self.app = app
         self._store_lookup = store
         self._store: Any = None
+        self._keyed = keyed
+
+    def _key_digest(self, scope: Scope) -> str:
+        return key_digest(scope) if self._keyed else ""
 
     @property
     def store(self) -> Any:
@@ -102,11 +108,11 @@ class CaptureMiddleware:
             )
             await send_error(send, 400, message, "BadRequestError")
             return
-        info = await self.store.open.remote(model, key_digest(scope), ttl_s)
+        info = await self.store.open.remote(model, self._key_digest(scope), ttl_s)
         await send_json(send, 200, info.model_dump())
 
     async def _resource(self, scope: Scope, send: Send, session_id: str, method: str) -> None:
-        digest = key_digest(scope)
+        digest = self._key_digest(scope)
         if method == "DELETE":
             if await self.store.close.remote(session_id, digest):
                 await send_json(send, 200, {"id": session_id, "deleted": True})
@@ -138,7 +144,7 @@ class CaptureMiddleware:
                 "n",
             )
             return
-        digest = key_digest(scope)
+        digest = self._key_digest(scope)
         refused = await self.store.admit.remote(session_id, digest, name)
         if refused is not None:
             await send_error(send, refused.status, refused.message, ERROR_TYPES[refused.status])

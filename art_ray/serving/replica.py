@@ -53,7 +53,7 @@ class InferenceReplica:
         self._app.user_middleware[:0] = [
             Middleware(DisconnectOnCancel),
             Middleware(EndpointGuard, api_key=config.api_key),
-            Middleware(CaptureMiddleware, store=get_capture_store),
+            Middleware(CaptureMiddleware, store=get_capture_store, keyed=config.api_key is not None),
         ]
         self._app.user_middleware.append(
             Middleware(ModelRoutingMiddleware, versions=self._adapters, max_n=config.max_n)
