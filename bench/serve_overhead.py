@@ -130,7 +130,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=3, help="Serve rounds, plain and captured alternated")
+    parser.add_argument("--rounds", type=int, default=5, help="Serve rounds, plain and captured alternated")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     engine_config = EngineConfig(

@@ -10,7 +10,7 @@ import openai
 import pytest
 import ray
 
-from art_ray import CaptureError, Model, sampled_tokens
+from art_ray import CaptureError, CaptureSession, Model, sampled_tokens
 from art_ray.capture.store import CaptureStore
 from art_ray.capture.turns import CapturedTurn
 
@@ -40,6 +40,15 @@ async def test_a_multi_turn_conversation_becomes_one_trajectory_of_the_sampled_c
             messages += [completion.choices[0].message.model_dump(exclude_none=True)]
             messages += [{"role": "user", "content": follow_up}]
         trajectory = await session.trajectory(reward=0.5, metrics={"turns": 2})
+    with pytest.raises(CaptureError, match="has ended"):  # reading the trajectory ended the session
+        await session.turns()
+    async with httpx.AsyncClient() as http:  # and the endpoint dropped its turns
+        gone = await http.get(
+            f"{model.base_url}/capture/sessions/{session.id}",
+            params={"model": model.name},
+            headers={"Authorization": f"Bearer {model.api_key}"},
+        )
+    assert gone.status_code == 404
     choices = trajectory.trainable_choices()
     assert len(choices) == 2 and not trajectory.additional_histories
     assert [sampled_tokens(c).token_ids for c in choices] == [sampled_ids(c) for c in seen]
@@ -87,6 +96,13 @@ async def test_the_session_header_on_the_plain_endpoint_records_too(inference_ap
             model=model.name, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
         )
         (turn,) = await session.turns()
+        with pytest.raises(openai.BadRequestError, match="16-64 characters"):  # a guessable id
+            await client.chat.completions.create(
+                model=model.name,
+                messages=[{"role": "user", "content": "Hi"}],
+                max_tokens=4,
+                extra_headers={"X-Art-Ray-Session": "1"},
+            )
     assert turn.choice["token_ids"] == sampled_ids(completion.choices[0])
     assert turn.request_messages == [{"role": "user", "content": "Hi"}]
 
@@ -116,7 +132,7 @@ async def test_a_session_is_bound_to_its_key_model_and_lifetime(inference_app) -
             )
         assert len(await session.turns()) == 1  # the refused requests recorded nothing
     with pytest.raises(CaptureError, match="404"):  # closed with the block
-        await session.turns()
+        await CaptureSession(**session.model_dump()).turns()
 
     async with model.capture(ttl_s=1) as short:
         await asyncio.sleep(1.5)
@@ -130,6 +146,12 @@ async def test_a_session_is_bound_to_its_key_model_and_lifetime(inference_app) -
 
 async def test_the_store_refuses_new_turns_at_its_memory_cap(ray_cluster) -> None:
     store = CaptureStore.remote(max_bytes=2000, default_ttl_s=60)
+    named = "client-drawn-id-0123456789"  # a session the client named: its first turn opens it
+    assert await store.admit.remote(named, "digest", "m") is None
+    assert await store.read.remote(named, "digest", "m") == []
+    assert (await store.admit.remote(named, "other digest", "m")).status == 404
+    assert await store.close.remote(named, "digest") == []
+    assert (await store.admit.remote(named, "digest", "m")).status == 404  # a closed id is not reopened
     session = await store.open.remote("m", "digest")
     turn = CapturedTurn(
         request_messages=[{"role": "user", "content": "x" * 2500}], choice={}, model="m", created_at=0.0
@@ -139,7 +161,7 @@ async def test_the_store_refuses_new_turns_at_its_memory_cap(ray_cluster) -> Non
     refused = await store.admit.remote(session.id, "digest", "m")
     assert refused.status == 429 and "cap 2000" in refused.message
     assert await store.read.remote(session.id, "other digest", "m") is None
-    assert await store.close.remote(session.id, "digest")
+    assert len(await store.close.remote(session.id, "digest")) == 1
     assert (await store.stats.remote())["bytes"] == 0  # closed: its bytes are freed
     ray.kill(store)
 

@@ -11,6 +11,12 @@ an HTTPBackend client, a remote rollout on any node or a process with no Ray at 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
+import secrets
+import ssl
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -21,6 +27,7 @@ from art_ray.capture.turns import CapturedTurn
 from art_ray.errors import CaptureError
 
 if TYPE_CHECKING:
+    import httpx
     from openai import AsyncOpenAI
 
     from art_ray.model import Model
@@ -37,7 +44,10 @@ class CaptureSession(pydantic.BaseModel):
     model: str
     endpoint: str  # the model's base URL (.../v1)
     api_key: str | None = None
-    expires_at: float
+    expires_at: float | None = (
+        None  # None: opened by its first completion, `capture_ttl_s` after its last use
+    )
+    _ended: bool = pydantic.PrivateAttr(default=False)
 
     @property
     def base_url(self) -> str:
@@ -49,12 +59,18 @@ class CaptureSession(pydantic.BaseModel):
         return {SESSION_HEADER: self.id}
 
     def openai_client(self, **kwargs: Any) -> AsyncOpenAI:
+        """An OpenAI client on the session's URL. Inside a running event loop it shares that loop's
+        connections with every other session's client (a rollout's client costs ~1 ms, not ~25)."""
         from openai import AsyncOpenAI
 
+        if "http_client" not in kwargs:
+            with contextlib.suppress(RuntimeError):  # no running loop: the client gets its own connections
+                kwargs["http_client"] = _http_client()
         return AsyncOpenAI(base_url=self.base_url, api_key=self.api_key or "unused", **kwargs)
 
     async def turns(self) -> list[CapturedTurn]:
-        """Every completion recorded so far, in the order they were stored."""
+        """Every completion recorded so far, in the order they were stored; the session stays open."""
+        self._check_open()
         response = await _request(
             "GET", self.endpoint, f"/capture/sessions/{self.id}", self.api_key, params={"model": self.model}
         )
@@ -64,10 +80,16 @@ class CaptureSession(pydantic.BaseModel):
         self, reward: float, metrics: dict[str, float | int | bool] | None = None
     ) -> Trajectory:
         """The recorded turns as one Trajectory (art_ray/capture/assemble.py): each assistant turn the
-        exact sampled choice; turns that do not extend the conversation go to `additional_histories`."""
+        exact sampled choice; turns that do not extend the conversation go to `additional_histories`.
+        Reading the trajectory ends the session (one request: the turns are read and dropped)."""
         from art_ray.capture.assemble import build_trajectory
 
-        return build_trajectory(await self.turns(), reward, metrics)
+        self._check_open()
+        path = f"/capture/sessions/{self.id}"
+        response = await _request("DELETE", self.endpoint, path, self.api_key, params={"model": self.model})
+        self._ended = True
+        turns = [CapturedTurn.model_validate(turn) for turn in response["turns"]]
+        return build_trajectory(turns, reward, metrics)
 
     async def art_trajectory(
         self, reward: float, metrics: dict[str, float | int | bool] | None = None
@@ -79,19 +101,34 @@ class CaptureSession(pydantic.BaseModel):
 
     async def close(self) -> None:
         """Drop the recorded turns (a session also expires `ttl_s` after its last use)."""
-        await _request("DELETE", self.endpoint, f"/capture/sessions/{self.id}", self.api_key, missing_ok=True)
+        if not self._ended:
+            self._ended = True
+            await _request(
+                "DELETE", self.endpoint, f"/capture/sessions/{self.id}", self.api_key, missing_ok=True
+            )
+
+    def _check_open(self) -> None:
+        if self._ended:
+            raise CaptureError(
+                f"capture session {self.id!r} has ended: its trajectory was read or it was closed"
+            )
 
 
 async def open_session(model: Model | Any, ttl_s: float | None = None) -> CaptureSession:
-    """`model`: an art_ray Model, or ART's (`inference_base_url`, `inference_api_key`)."""
+    """`model`: an art_ray Model, or ART's (`inference_base_url`, `inference_api_key`). Without `ttl_s`
+    the session's id is drawn here and its first completion opens it on the endpoint (no round trip
+    before the agent runs); with `ttl_s` the endpoint opens it first, with that lifetime."""
     endpoint = getattr(model, "base_url", None) or getattr(model, "inference_base_url", None)
     api_key = getattr(model, "api_key", None) or getattr(model, "inference_api_key", None)
     if endpoint is None:
         raise CaptureError(f"model {model.name!r} has no endpoint: register it (or set base_url) first")
-    body: dict[str, Any] = {"model": model.name}
-    if ttl_s is not None:
-        body["ttl_s"] = ttl_s
-    info = await _request("POST", endpoint, "/capture/sessions", api_key, json=body)
+    if ttl_s is None:
+        return CaptureSession(
+            id=secrets.token_urlsafe(24), model=model.name, endpoint=endpoint, api_key=api_key
+        )
+    info = await _request(
+        "POST", endpoint, "/capture/sessions", api_key, json={"model": model.name, "ttl_s": ttl_s}
+    )
     return CaptureSession(
         id=info["id"], model=info["model"], endpoint=endpoint, api_key=api_key, expires_at=info["expires_at"]
     )
@@ -111,11 +148,10 @@ async def capture_session(model: Model | Any, ttl_s: float | None = None) -> Asy
 async def _request(
     method: str, endpoint: str, path: str, api_key: str | None, missing_ok: bool = False, **kwargs: Any
 ) -> dict[str, Any]:
-    import httpx
-
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(timeout=60) as client:
-        response = await client.request(method, endpoint.rstrip("/") + path, headers=headers, **kwargs)
+    response = await _http_client().request(
+        method, endpoint.rstrip("/") + path, headers=headers, timeout=60, **kwargs
+    )
     if response.status_code == 404 and missing_ok:
         return {}
     if response.status_code != 200:
@@ -125,3 +161,38 @@ async def _request(
             message = response.text
         raise CaptureError(f"{method} {path}: {response.status_code} {message}")
     return response.json()
+
+
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    """Loading the CA bundle is most of an HTTP client's ~25 ms start."""
+    import httpx
+
+    return httpx.create_ssl_context()
+
+
+@functools.cache
+def _shared_client_type() -> type[httpx.AsyncClient]:
+    from openai import DefaultAsyncHttpxClient
+
+    class SharedHttpClient(DefaultAsyncHttpxClient):
+        """Shared by the sessions of one event loop: an OpenAI client's close() leaves it open."""
+
+        async def aclose(self) -> None:
+            pass
+
+    return SharedHttpClient
+
+
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _http_client() -> httpx.AsyncClient:
+    """One client (and its kept-alive connections) per event loop, for the session requests and the
+    sessions' OpenAI clients. RuntimeError outside a running loop."""
+    loop = asyncio.get_running_loop()
+    if loop not in _clients:
+        _clients[loop] = _shared_client_type()(verify=_ssl_context())
+    return _clients[loop]

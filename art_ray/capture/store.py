@@ -4,9 +4,13 @@ One per cluster, created with the inference app (`ensure_capture_store`): the re
 appends it here before the client gets its last byte, so a turn follows the request wherever Serve routed
 it, and a replica that dies afterwards loses nothing it had answered. A session is bound to the API key
 that opened it (its SHA-256) and to one model name; a lookup with another key answers as if the session
-did not exist. Sessions expire `ttl_s` after their last use, and the store refuses new turns once its
-recorded bytes reach `max_bytes` (the client gets a 429 before anything is generated). A store that dies
-loses its sessions: reading one then raises "not found", never a partial trajectory.
+did not exist. A client may also name a session itself (a random id of 16-64 URL-safe characters): the
+store opens it, bound to that request's key and model, with the first completion recorded in it, so a
+rollout needs no round trip before its agent runs. An id that was closed or expired stays refused for a
+TTL afterwards, so a late turn never starts a second session under it. Sessions expire `ttl_s` after
+their last use, and the store refuses new turns once its recorded bytes reach `max_bytes` (the client
+gets a 429 before anything is generated). A store that dies loses its sessions: reading one then raises
+"not found", never a partial trajectory.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ class CaptureStore:
         self._max_bytes = max_bytes
         self._default_ttl_s = default_ttl_s
         self._sessions: dict[str, _Session] = {}
+        self._ended: dict[str, float] = {}  # id -> when it was closed or expired
         self._nbytes = 0
 
     def open(self, model: str, key_digest: str, ttl_s: float | None = None) -> SessionInfo:
@@ -65,8 +70,11 @@ class CaptureStore:
         return SessionInfo(id=session_id, model=model, expires_at=session.expires_at)
 
     def admit(self, session_id: str, key_digest: str, model: str) -> CaptureRefused | None:
-        """Whether a completion for `model` may be recorded in the session (asked before generating)."""
+        """Whether a completion for `model` may be recorded in the session (asked before generating). A
+        session id never seen before is opened here, bound to this key and model."""
         self._expire()
+        if session_id not in self._sessions and session_id not in self._ended:
+            self._sessions[session_id] = _Session(model, key_digest, self._default_ttl_s)
         session = self._owned(session_id, key_digest)
         if session is None:
             return CaptureRefused(status=404, message=f"capture session {session_id!r} not found or expired")
@@ -103,12 +111,13 @@ class CaptureStore:
         session.touch()
         return list(session.turns)
 
-    def close(self, session_id: str, key_digest: str) -> bool:
+    def close(self, session_id: str, key_digest: str, model: str | None = None) -> list[CapturedTurn] | None:
+        """Drop the session; its turns (None: no such session for this key, and `model` when given)."""
         session = self._owned(session_id, key_digest)
-        if session is None:
-            return False
+        if session is None or model not in (None, session.model):
+            return None
         self._drop(session_id)
-        return True
+        return session.turns
 
     def stats(self) -> dict[str, int]:
         self._expire()
@@ -124,10 +133,13 @@ class CaptureStore:
         now = time.time()
         for session_id in [sid for sid, s in self._sessions.items() if s.expires_at < now]:
             self._drop(session_id)
+        for session_id in [sid for sid, ended in self._ended.items() if ended < now - self._default_ttl_s]:
+            del self._ended[session_id]
 
     def _drop(self, session_id: str) -> None:
         session = self._sessions.pop(session_id)
         self._nbytes -= session.nbytes
+        self._ended[session_id] = time.time()
 
 
 def ensure_capture_store(max_bytes: int, default_ttl_s: float) -> ray.actor.ActorHandle:

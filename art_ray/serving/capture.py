@@ -2,10 +2,12 @@
 
 Routes (under the app's prefix, behind the key like every route):
 - `POST /v1/capture/sessions` `{"model": name, "ttl_s": optional}` opens a session bound to the caller's
-  key and that model: `{"id", "model", "expires_at"}`.
+  key and that model: `{"id", "model", "expires_at"}`. Or the client draws a random id itself (16-64 URL-safe
+  characters): its first completion opens the session (`capture_ttl_s`), with no round trip before it.
 - An agent then calls `/sessions/{id}/v1/chat/completions` (give any OpenAI client the base URL
   `.../sessions/{id}/v1`), or `/v1/chat/completions` with the header `X-Art-Ray-Session: {id}`.
-- `GET /v1/capture/sessions/{id}?model=name` returns `{"id", "model", "turns"}`; `DELETE` closes it.
+- `GET /v1/capture/sessions/{id}?model=name` returns `{"id", "model", "turns"}`; `DELETE` closes it and
+  answers the turns it dropped (how `trajectory()` reads and ends a session in one request).
 
 Each chat completion in a session is recorded as a CapturedTurn: the request's messages and tools as sent,
 and the choice as the client received it (with its token ids, logprobs, prompt token ids and policy
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +32,7 @@ from art_ray.serving.asgi import Message, Receive, Scope, Send, read_body, repla
 from art_ray.serving.endpoint_guard import (
     CHAT_PATH,
     COMPLETIONS_PATH,
+    SESSION_ID,
     SESSION_RESOURCE,
     SESSIONS_PATH,
     request_path,
@@ -85,6 +89,12 @@ class CaptureMiddleware:
         if session_id is None or method != "POST":
             await self.app(scope, receive, send)
             return
+        if not re.fullmatch(SESSION_ID, session_id):
+            message = (
+                f"a capture session id is 16-64 characters of A-Z, a-z, 0-9, _ and -, not {session_id!r}"
+            )
+            await send_error(send, 400, message, "BadRequestError")
+            return
         if path == COMPLETIONS_PATH:
             await send_error(send, 400, "capture sessions record chat completions only", "BadRequestError")
             return
@@ -113,17 +123,17 @@ class CaptureMiddleware:
 
     async def _resource(self, scope: Scope, send: Send, session_id: str, method: str) -> None:
         digest = self._key_digest(scope)
-        if method == "DELETE":
-            if await self.store.close.remote(session_id, digest):
-                await send_json(send, 200, {"id": session_id, "deleted": True})
-                return
-        elif method == "GET":
-            model = parse_qs(scope.get("query_string", b"").decode()).get("model", [""])[0]
-            turns = await self.store.read.remote(session_id, digest, model)
-            if turns is not None:
-                body = {"id": session_id, "model": model, "turns": [turn.model_dump() for turn in turns]}
-                await send_json(send, 200, body)
-                return
+        model = parse_qs(scope.get("query_string", b"").decode()).get("model", [None])[0]
+        if method == "DELETE":  # answers the turns it dropped: reading a trajectory ends its session
+            turns = await self.store.close.remote(session_id, digest, model)
+        else:
+            turns = await self.store.read.remote(session_id, digest, model or "")
+        if turns is not None:
+            body = {"id": session_id, "model": model, "turns": [turn.model_dump() for turn in turns]}
+            if method == "DELETE":
+                body["deleted"] = True
+            await send_json(send, 200, body)
+            return
         await send_error(send, 404, f"capture session {session_id!r} not found or expired", "NotFoundError")
 
     async def _record(self, scope: Scope, receive: Receive, send: Send, session_id: str) -> None:

@@ -23,8 +23,10 @@ HEALTH_PATH = "/health"
 # capture sessions (art_ray/serving/capture.py): opened here, read and closed at SESSION_RESOURCE, and an
 # agent's base URL is `/sessions/{id}/v1`
 SESSIONS_PATH = "/v1/capture/sessions"
-SESSION_RESOURCE = re.compile(r"^/v1/capture/sessions/([A-Za-z0-9_-]{1,64})$")
-SESSION_ROUTE = re.compile(r"^/sessions/([A-Za-z0-9_-]{1,64})(/v1/.*)$")
+# a session id is random: the store's, or one a client drew itself (art_ray/capture/store.py)
+SESSION_ID = r"[A-Za-z0-9_-]{16,64}"
+SESSION_RESOURCE = re.compile(rf"^/v1/capture/sessions/({SESSION_ID})$")
+SESSION_ROUTE = re.compile(rf"^/sessions/({SESSION_ID})(/v1/.*)$")
 
 # path -> the method it answers; OPTIONS (a browser's CORS preflight, which carries no key) goes on to
 # vLLM's CORS middleware for these paths only
