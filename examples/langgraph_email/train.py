@@ -23,6 +23,9 @@ sys.path[:0] = [
 ]
 
 import inbox  # noqa: E402
+from langchain_core.messages import SystemMessage, ToolMessage  # noqa: E402
+from langchain_openai import ChatOpenAI  # noqa: E402
+from langgraph.graph import END, START, MessagesState, StateGraph  # noqa: E402
 from loop import AgentTask, main  # noqa: E402
 
 import art_ray  # noqa: E402
@@ -42,10 +45,6 @@ async def email_agent(
 ) -> dict[str, Any]:
     """A LangGraph agent: `agent` (the chat model, tools bound) and `tools` (the inbox) nodes in a loop
     until it answers or MAX_TURNS. Returns what the reward needs."""
-    from langchain_core.messages import SystemMessage, ToolMessage
-    from langchain_openai import ChatOpenAI
-    from langgraph.graph import END, START, MessagesState, StateGraph
-
     conn = inbox.build_index(list(scenario.emails))
     seen: dict[str, Any] = {
         "answer": None,
