@@ -140,7 +140,9 @@ class TrainableModel(Model):
         Each gradient step's metrics are in `model.last_train_metrics`, the call's TrainResult in
         `model.last_train_result`, and both in MLflow."""
         config = config or TrainConfig()
-        return await self._consume(self.train_stream(groups, config), "train", verbose)
+        # train_stream's check, made here so that its warning names the caller's line
+        check_train_groups(groups, plain_assistant_trains=config.allow_training_without_logprobs)
+        return await self._consume(self.backend.train(self, groups, config), "train", verbose)
 
     async def _consume(self, events: AsyncIterator[TrainEvent], desc: str, verbose: bool) -> int:
         bar = tqdm(desc=desc, disable=not verbose)
