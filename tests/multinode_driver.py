@@ -2,8 +2,9 @@
 
 Two Ray nodes on this machine (`ray.cluster_utils.Cluster`): the head is the trainer node, the worker
 node the inference node, pinned by custom resources, each with its own temp folder (TMPDIR of its raylet)
-so nothing passes through a shared path. Trains one step of the `tiny` model and prints, as its last line,
-one JSON object with where things ran and what the replica served.
+so nothing passes through a shared path. Trains one step of the `tiny` model, records one completion in a
+capture session, and prints, as its last line, one JSON object with where things ran and what the replica
+served and recorded.
 """
 
 from __future__ import annotations
@@ -106,6 +107,11 @@ async def main(root: Path, port: int) -> dict:
             (TrajectoryGroup(rollout(model, p) for _ in range(4)) for p in PROMPTS), pbar_desc=None
         )
         step = await model.train(groups, TrainConfig(learning_rate=5e-2, num_gradient_steps=2), verbose=False)
+        async with model.capture() as session:  # recorded by the replica on the inference node
+            completion = await session.openai_client(max_retries=0).chat.completions.create(
+                model=model.name, messages=[{"role": "user", "content": PROMPTS[1]}], max_tokens=6
+            )
+            captured = await session.trajectory(reward=1.0)
         placed = actor_nodes()
         served = [m.id for m in openai.OpenAI(base_url=model.base_url, api_key="no-key").models.list()]
         return {
@@ -113,6 +119,9 @@ async def main(root: Path, port: int) -> dict:
             "trainer_node": placed.get("TrainerWorker"),
             "replica_node": placed.get("ServeReplica:mn:InferenceReplica"),
             "step": step,
+            "capture_store_node": placed.get("CaptureStore"),
+            "sampled_ids": list(completion.choices[0].model_extra["token_ids"]),
+            "captured_ids": [list(sampled_tokens(c).token_ids) for c in captured.trainable_choices()],
             "served": served,
             "before": before,
             "after": greedy(model, "mn@1"),
