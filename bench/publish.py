@@ -116,8 +116,15 @@ async def run(args: argparse.Namespace) -> dict:
     start_local_ray(num_cpus=4)
     with tempfile.TemporaryDirectory() as storage:
         calls = await train_calls(args, storage)
+    # each phase's figures as it ends: the 8-replica start is the slow, fragile part on a small box
+    print(
+        f"SmolLM2 train calls: blocked {1000 * median(calls['blocked']):.1f} ms, every replica serves the "
+        f"step {median(calls['served']):.3f} s after publishing (median of {args.repeats})",
+        flush=True,
+    )
     port = free_port()
     two = await pushes(args, 2, 1, port)
+    print(f"registry push -> served by 2 tiny replicas: {median(two):.3f} s", flush=True)
     eight = await pushes(args, 8, 100, port)
     stop_local_cluster()
     blocked_ms = 1000 * median(calls["blocked"])
