@@ -267,6 +267,16 @@ TOOLS = [
     ),
 ]
 
+# the agent's setting, the same for examples/email_agent and examples/langgraph_email
+SYSTEM = (
+    "You answer a question about the user's emails with tools. First call search_inbox with one or two "
+    "keywords from the question. The results show each email's message_id and text: when one holds the "
+    "answer, call return_final_answer with the answer and that message_id; otherwise call read_email."
+)
+EMAILS, MAX_TURNS, MAX_TOKENS, RESULTS = 10, 3, 64, 3
+# the last turn must answer: every episode ends in a graded answer, not in a third identical search
+LAST_TURN = {"type": "function", "function": {"name": "return_final_answer"}}
+
 
 # --- scenarios and reward -------------------------------------------------------------------------
 

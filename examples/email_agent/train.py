@@ -1,7 +1,7 @@
 """An ART-E style email agent with GRPO on art-ray: the model answers a question about a synthetic inbox
 with tool calls (search_inbox, read_email, return_final_answer), one completion per turn, at most
-MAX_TURNS turns, the last one forced to answer; the easiest setting has EMAILS emails per inbox (raise it,
-up to 45, for harder inboxes).
+MAX_TURNS turns, the last one forced to answer; the easiest setting has EMAILS emails per inbox (both in
+inbox.py, with the system prompt; raise EMAILS, up to 45, for harder inboxes).
 
     python examples/email_agent/train.py --steps 3
 
@@ -21,20 +21,25 @@ import openai
 
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]
 
-from inbox import TOOLS, Scenario, answer_reward, build_index, make_scenario, read_email, search_inbox  # noqa: E402
+from inbox import (  # noqa: E402
+    EMAILS,
+    LAST_TURN,
+    MAX_TOKENS,
+    MAX_TURNS,
+    RESULTS,
+    SYSTEM,
+    TOOLS,
+    Scenario,
+    answer_reward,
+    build_index,
+    make_scenario,
+    read_email,
+    search_inbox,
+)
 from loop import AgentTask, main  # noqa: E402
 
 import art_ray  # noqa: E402
 from art_ray import TrainableModel, Trajectory  # noqa: E402
-
-SYSTEM = (
-    "You answer a question about the user's emails with tools. First call search_inbox with one or two "
-    "keywords from the question. The results show each email's message_id and text: when one holds the "
-    "answer, call return_final_answer with the answer and that message_id; otherwise call read_email."
-)
-EMAILS, MAX_TURNS, MAX_TOKENS, RESULTS = 10, 3, 64, 3
-# the last turn must answer: every episode ends in a graded answer, not in a third identical search
-LAST_TURN = {"type": "function", "function": {"name": "return_final_answer"}}
 
 
 @art_ray.remote_rollout

@@ -23,6 +23,7 @@ sys.path[:0] = [
 ]
 
 import inbox  # noqa: E402
+from inbox import EMAILS, LAST_TURN, MAX_TOKENS, MAX_TURNS, RESULTS, SYSTEM  # noqa: E402
 from langchain_core.messages import SystemMessage, ToolMessage  # noqa: E402
 from langchain_openai import ChatOpenAI  # noqa: E402
 from langgraph.graph import END, START, MessagesState, StateGraph  # noqa: E402
@@ -30,14 +31,6 @@ from loop import AgentTask, main  # noqa: E402
 
 import art_ray  # noqa: E402
 from art_ray import CaptureSession  # noqa: E402
-
-SYSTEM = (
-    "You answer a question about the user's emails with tools. First call search_inbox with one or two "
-    "keywords from the question. The results show each email's message_id and text: when one holds the "
-    "answer, call return_final_answer with the answer and that message_id; otherwise call read_email."
-)
-EMAILS, MAX_TURNS, MAX_TOKENS, RESULTS = 10, 3, 64, 3
-LAST_TURN = {"type": "function", "function": {"name": "return_final_answer"}}
 
 
 async def email_agent(
