@@ -85,7 +85,8 @@ def inference_app(ray_cluster, tmp_path_factory) -> InferenceApp:
     }
     checkpoint = write_peft_adapter(tmp_path_factory.mktemp("ckpt") / "adapter", trained, spec, base_model)
     config = ServingConfig(
-        engine=EngineConfig(model=base_model, max_model_len=512, threads=1, default_max_tokens=48),
+        engine=EngineConfig(model=base_model, max_model_len=512, threads=1),
+        default_max_tokens=48,
         num_replicas=2,
         replica_cpus=1,
         api_key=API_KEY,

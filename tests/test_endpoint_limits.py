@@ -148,6 +148,12 @@ def test_n_is_capped_and_max_tokens_has_a_bounded_default(inference_app) -> None
         model=inference_app.model, messages=PROMPT, extra_body={"ignore_eos": True}
     )
     assert unbounded.usage.completion_tokens == 48
+    # only a default: a request that names a larger limit gets it, whichever field names it
+    for limit in ({"max_tokens": 100}, {"max_completion_tokens": 100}):
+        longer = client.chat.completions.create(
+            model=inference_app.model, messages=PROMPT, extra_body={"ignore_eos": True}, **limit
+        )
+        assert longer.usage.completion_tokens == 100, limit
 
 
 async def unfinished(app) -> int:
@@ -164,10 +170,13 @@ async def wait_until_idle(app, within_s: float) -> float:
 
 
 def long_request(app, client: openai.AsyncOpenAI, stream: bool = False):  # noqa: ANN201
-    # 16 sequences x 480 tokens: 16 such requests are ~1,000 decode steps of a full batch on each replica,
-    # far longer than the few seconds an abort may take
+    # 64 sequences (an engine's whole batch, EngineConfig.max_num_seqs) x 480 tokens: even a request that has
+    # its replica to itself needs 480 decode steps of a full batch, ~20 s for the tiny model on one thread
+    # (45 ms a step here), far beyond the 1.5 s client timeout and the few seconds an abort may take. (Until
+    # the endpoint's default max_tokens stopped capping requests, these were cut to 48 tokens, and one
+    # request of 16 sequences finished before its timeout in a CI run.)
     return client.chat.completions.create(
-        model=app.model, messages=PROMPT, n=16, max_tokens=480, stream=stream, extra_body={"ignore_eos": True}
+        model=app.model, messages=PROMPT, n=64, max_tokens=480, stream=stream, extra_body={"ignore_eos": True}
     )
 
 
@@ -181,33 +190,35 @@ async def until_generating(app) -> None:
 @pytest.mark.slow
 async def test_abandoned_requests_stop_generating(inference_app) -> None:
     # the OpenAI client's timeout
-    client = openai.AsyncOpenAI(
+    async with openai.AsyncOpenAI(
         base_url=inference_app.base_url, api_key=inference_app.api_key, max_retries=0, timeout=1.5
-    )
-    requests = asyncio.gather(
-        *(long_request(inference_app, client) for _ in range(16)), return_exceptions=True
-    )
-    await until_generating(inference_app)
-    results = await requests
+    ) as client:
+        requests = asyncio.gather(
+            *(long_request(inference_app, client) for _ in range(16)), return_exceptions=True
+        )
+        await until_generating(inference_app)
+        results = await requests
     assert all(isinstance(result, openai.APITimeoutError) for result in results), results
     await wait_until_idle(inference_app, within_s=5)
 
     # a cancelled gather, streaming and not
-    client = openai.AsyncOpenAI(base_url=inference_app.base_url, api_key=inference_app.api_key, max_retries=0)
+    async with openai.AsyncOpenAI(
+        base_url=inference_app.base_url, api_key=inference_app.api_key, max_retries=0
+    ) as client:
 
-    async def read_stream() -> None:
-        async for _ in await long_request(inference_app, client, stream=True):
-            pass
+        async def read_stream() -> None:
+            async for _ in await long_request(inference_app, client, stream=True):
+                pass
 
-    tasks = [asyncio.ensure_future(long_request(inference_app, client)) for _ in range(8)]
-    tasks += [asyncio.ensure_future(read_stream()) for _ in range(8)]
-    await until_generating(inference_app)
-    await asyncio.sleep(0.5)
-    gathered = asyncio.gather(*tasks)
-    gathered.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await gathered
-    await wait_until_idle(inference_app, within_s=5)
-    # and the endpoint answers at once afterwards
-    reply = await client.chat.completions.create(model=inference_app.model, messages=PROMPT, max_tokens=4)
+        tasks = [asyncio.ensure_future(long_request(inference_app, client)) for _ in range(8)]
+        tasks += [asyncio.ensure_future(read_stream()) for _ in range(8)]
+        await until_generating(inference_app)
+        await asyncio.sleep(0.5)
+        gathered = asyncio.gather(*tasks)
+        gathered.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gathered
+        await wait_until_idle(inference_app, within_s=5)
+        # and the endpoint answers at once afterwards
+        reply = await client.chat.completions.create(model=inference_app.model, messages=PROMPT, max_tokens=4)
     assert reply.choices[0].finish_reason == "length"

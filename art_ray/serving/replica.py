@@ -56,7 +56,12 @@ class InferenceReplica:
             Middleware(CaptureMiddleware, store=get_capture_store, keyed=config.api_key is not None),
         ]
         self._app.user_middleware.append(
-            Middleware(ModelRoutingMiddleware, versions=self._adapters, max_n=config.max_n)
+            Middleware(
+                ModelRoutingMiddleware,
+                versions=self._adapters,
+                max_n=config.max_n,
+                default_max_tokens=config.default_max_tokens,
+            )
         )
         self._app.middleware_stack = None  # vLLM's setup already built the stack; rebuild it with ours
         await self._registry.subscribe.remote(context.app_name, context.deployment)
