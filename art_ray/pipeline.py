@@ -6,8 +6,10 @@ group; the training stage collects `min_batch_size` to `max_batch_size` groups a
 returning once the step is published (the replicas load it while the next step trains). Each trajectory
 records the policy versions (trained steps) that sampled it; a group sampled more than
 `max_steps_off_policy` steps before the policy it would train is dropped and counted, never trained (the
-loss keeps the importance ratio against the sampling logprobs). State (step, scenario offset, counters)
-is saved after every step, so a restarted run resumes at the same step and scenario.
+loss keeps the importance ratio against the sampling logprobs). A rollout starts only when the batches it
+could still train in have room (`_may_start_rollout`), so the engine samples what the trainer will take
+and no more. State (step, scenario offset, counters) is saved after every step, so a restarted run resumes
+at the same step and scenario.
 """
 
 from __future__ import annotations
@@ -135,12 +137,14 @@ class PipelineTrainer(Generic[Scenario]):
         self.verbose = verbose
         self.reports: list[StepReport] = []
         self.state = PipelineState()
-        # Rollouts produce at most this many groups ahead of the trainer (ART's queue bound).
-        self._queue: asyncio.Queue[TrajectoryGroup] = asyncio.Queue(
-            max(1, max_steps_off_policy) * self.max_batch_size
-        )
+        # Groups finished and not yet taken by the trainer; the admission gate bounds it.
+        self._queue: asyncio.Queue[TrajectoryGroup] = asyncio.Queue()
         self._engine = _BusyClock()
-        self._version_changed = asyncio.Condition()
+        # Admission: groups started and neither trained nor dropped yet (a batch being collected still
+        # counts), and whether a train call runs; both change under this condition, with the policy step.
+        self._gate = asyncio.Condition()
+        self._outstanding = 0
+        self._training = False
         self._exhausted = False
         self._taken = 0
         self._scenario_lock = asyncio.Lock()
@@ -200,10 +204,42 @@ class PipelineTrainer(Generic[Scenario]):
             self._taken += 1
             return True, scenario
 
+    def _may_start_rollout(self) -> bool:
+        """A group started now samples from policy `step`, so it may train in the batches based on policies
+        `step` .. `step + max_steps_off_policy`; the first of them is `step + 1` while a train call runs.
+        Start it only while the groups outstanding fit in those batches: no group is sampled only to be
+        dropped as stale (unless its rollout outlasts the bound), and with a bound of 0 the loop is the
+        sync loop. ART's PipelineTrainer lets workers sample whenever the queue has room, and groups
+        sampled then were dropped stale or trained a step older than needed (bench/end_to_end.py)."""
+        step = self.state.step
+        first_base = step + 1 if self._training else step
+        batches = step + self.max_steps_off_policy - first_base + 1
+        return self._outstanding < batches * self.max_batch_size
+
+    async def _admit(self) -> None:
+        async with self._gate:
+            await self._gate.wait_for(self._may_start_rollout)
+            self._outstanding += 1
+
+    async def _release(self, count: int = 1) -> None:
+        async with self._gate:
+            self._outstanding -= count
+            self._gate.notify_all()
+
+    async def _set_policy(self, *, training: bool, step: int | None = None, batch: int = 0) -> None:
+        async with self._gate:
+            self._training = training
+            self._outstanding -= batch
+            if step is not None:
+                self.state.step = step
+            self._gate.notify_all()
+
     async def _rollout_worker(self, scenarios: AsyncIterator[Any]) -> None:
         while True:
+            await self._admit()
             found, scenario = await self._next_scenario(scenarios)
             if not found:
+                await self._release()
                 return
             initial = self.state.step
             self._engine.enter()
@@ -213,6 +249,7 @@ class PipelineTrainer(Generic[Scenario]):
             except Exception as error:  # a rollout function that raised: counted, the loop goes on
                 print(f"art-ray pipeline: a rollout failed: {type(error).__name__}: {error}", file=sys.stderr)
                 self.state.groups_failed += 1
+                await self._release()
                 continue
             finally:
                 self._engine.leave()
@@ -234,7 +271,14 @@ class PipelineTrainer(Generic[Scenario]):
             policy = self.state.step
             ages = [policy - (t.initial_policy_version or 0) for g in batch for t in g.trajectories]
             started = time.perf_counter()
-            new_step = await self.model.train(batch, self.train_config, verbose=False)
+            await self._set_policy(training=True, batch=len(batch))
+            try:
+                new_step = await self.model.train(batch, self.train_config, verbose=False)
+            except BaseException:
+                await self._set_policy(training=False)
+                raise
+            # the new policy and the end of training at once: no rollout starts in between on the old one
+            await self._set_policy(training=False, step=new_step)
             now = time.perf_counter()
             engine_now = self._engine.read()
             report = StepReport(
@@ -251,9 +295,6 @@ class PipelineTrainer(Generic[Scenario]):
                 seconds=now - last,
             )
             last, engine_last = now, engine_now
-            async with self._version_changed:
-                self.state.step = new_step
-                self._version_changed.notify_all()
             self.state.groups_trained += len(batch)
             self.state.scenario_offset = self._taken
             self.reports.append(report)
@@ -279,6 +320,8 @@ class PipelineTrainer(Generic[Scenario]):
             except TimeoutError:
                 continue
             verdict = self._verdict(group)
+            if verdict != "trainable":
+                await self._release()  # its place goes to a rollout on the current policy
             if verdict == "stale":
                 stale += 1
                 self.state.groups_stale += 1
