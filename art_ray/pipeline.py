@@ -149,11 +149,13 @@ class PipelineTrainer(Generic[Scenario]):
         self._taken = 0
         self._scenario_lock = asyncio.Lock()
         self._stop = False
+        self._start_step = 0
 
     # --- public ---------------------------------------------------------------------------------
 
     def request_stop(self) -> None:
-        """Stop after the step being trained (rollouts in flight are cancelled; the state is saved)."""
+        """Stop after the step being trained, or now if none is (rollouts in flight are cancelled; the state
+        saved after the last step keeps their scenarios for a resumed run)."""
         self._stop = True
 
     async def train(self) -> list[StepReport]:
@@ -161,7 +163,7 @@ class PipelineTrainer(Generic[Scenario]):
         self.state_path = self.state_path or self._default_state_path()
         step = await self.model.get_step()
         self.state = self._load_state(step)
-        start_step = self.state.step = step
+        start_step = self._start_step = self.state.step = step
         self._taken = self.state.scenario_offset
         scenarios = self._scenario_stream(self.state.scenario_offset)
         workers = [
@@ -211,10 +213,14 @@ class PipelineTrainer(Generic[Scenario]):
         dropped as stale (unless its rollout outlasts the bound), and with a bound of 0 the loop is the
         sync loop. ART's PipelineTrainer lets workers sample whenever the queue has room, and groups
         sampled then were dropped stale or trained a step older than needed (bench/end_to_end.py)."""
+        if self._stop:
+            return False
         step = self.state.step
         first_base = step + 1 if self._training else step
-        batches = step + self.max_steps_off_policy - first_base + 1
-        return self._outstanding < batches * self.max_batch_size
+        last_base = step + self.max_steps_off_policy
+        if self.max_steps is not None:  # no batch past the run's last step
+            last_base = min(last_base, self._start_step + self.max_steps - 1)
+        return self._outstanding < (last_base - first_base + 1) * self.max_batch_size
 
     async def _admit(self) -> None:
         async with self._gate:
@@ -266,8 +272,8 @@ class PipelineTrainer(Generic[Scenario]):
         engine_last = self._engine.read()
         while not self._stop and (self.max_steps is None or self.state.step - start_step < self.max_steps):
             batch, stale, depth = await self._collect_batch()
-            if not batch:
-                return  # the scenarios ran out
+            if not batch or self._stop:
+                return  # the scenarios ran out, or a stop came while collecting: resume samples them again
             policy = self.state.step
             ages = [policy - (t.initial_policy_version or 0) for g in batch for t in g.trajectories]
             started = time.perf_counter()
@@ -310,7 +316,7 @@ class PipelineTrainer(Generic[Scenario]):
         batch: list[TrajectoryGroup] = []
         stale = 0
         depth = self._queue.qsize()
-        while len(batch) < self.max_batch_size:
+        while len(batch) < self.max_batch_size and not self._stop:
             if len(batch) >= self.min_batch_size and self._queue.empty():
                 break
             if self._exhausted and self._queue.empty() and self._engine.active == 0:

@@ -144,15 +144,30 @@ async def run_loop(model, args: argparse.Namespace, seed: int, overlap: bool) ->
 
 
 async def pipelined_loop(model, args: argparse.Namespace, seed: int) -> dict:
-    """art_ray.PipelineTrainer on the same questions and hyperparameters, until a step's samples reach the
-    threshold."""
+    """art_ray.PipelineTrainer on the same questions and hyperparameters, until a step's worth of samples
+    (GROUPS_PER_STEP groups) from one policy reach the threshold, as the sync loop judges its batches: at
+    the moment those samples are done, and counting policy `v`'s batch as step `v + 1`. (Judging each
+    train step's batch after its training, as this loop did first, lagged a train call and, its samples
+    being a step off-policy, a step.)"""
     import train  # examples/one_word/train.py: the rollout the demo uses (as Ray work)
 
     import art_ray
     from art_ray import TrainConfig
 
+    by_policy: dict[int, list[float]] = {}  # policy -> finished groups' mean rewards, in order
+    reached: list[tuple[float, int]] = []  # (seconds into the loop, steps)
+
     async def rollout_group(model, question: str) -> art_ray.TrajectoryGroup:
-        return await art_ray.TrajectoryGroup(train.rollout(model, question) for _ in range(GROUP_SIZE))
+        group = await art_ray.TrajectoryGroup(train.rollout(model, question) for _ in range(GROUP_SIZE))
+        for trajectory in group.trajectories:
+            trajectory.stamp_policy_versions()  # from the step that served each choice
+        policy = min(t.initial_policy_version or 0 for t in group.trajectories)
+        rewards = by_policy.setdefault(policy, [])
+        rewards.append(sum(group.rewards) / len(group.rewards))
+        if len(rewards) == GROUPS_PER_STEP and sum(rewards) / len(rewards) >= args.threshold and not reached:
+            reached.append((time.perf_counter() - loop_start, policy + 1))
+            pipeline.request_stop()
+        return group
 
     questions = [q for batch in question_batches(seed, 10 * args.max_steps) for q in batch]
     pipeline = art_ray.PipelineTrainer(
@@ -168,7 +183,6 @@ async def pipelined_loop(model, args: argparse.Namespace, seed: int) -> dict:
         resume=False,
         verbose=False,
     )
-    reached: list[float] = []
     loop_start = time.perf_counter()
 
     async def watch() -> None:
@@ -184,9 +198,6 @@ async def pipelined_loop(model, args: argparse.Namespace, seed: int) -> dict:
                     f"{report.seconds:.1f} s",
                     flush=True,
                 )
-                if report.reward >= args.threshold and not reached:
-                    reached.append(time.perf_counter() - loop_start)
-                    pipeline.request_stop()
             seen = len(pipeline.reports)
 
     watcher = asyncio.ensure_future(watch())
@@ -209,7 +220,8 @@ async def pipelined_loop(model, args: argparse.Namespace, seed: int) -> dict:
     ]
     engine_s = sum(r.engine_busy * r.seconds for r in reports)
     return {
-        "seconds_to_threshold": reached[0] if reached else None,
+        "seconds_to_threshold": reached[0][0] if reached else None,
+        "steps_to_threshold": reached[0][1] if reached else len(reports) + 1,
         "loop_s": loop_s,
         "steps": steps,
         "busy_fraction": engine_s / max(loop_s, 1e-9),
@@ -350,6 +362,8 @@ def summarize(run: dict) -> dict:
     trained = [s for s in run["steps"] if "train_s" in s]
     run["mean"] = {key: sum(s[key] for s in trained) / max(1, len(trained)) for key in phases}
     run["seconds_per_step"] = run["loop_s"] / len(run["steps"])
+    # batches sampled until one reached the threshold (the sync loop samples one batch per step)
+    run.setdefault("steps_to_threshold", len(run["steps"]))
     return run
 
 
@@ -403,7 +417,7 @@ def main() -> None:
             ratio = round(ours_s / trl_s, 3) if ours_s and trl_s else None
             if ratio is not None:
                 ratios[mode].append(ratio)
-            steps = len(run["steps"])
+            steps = run["steps_to_threshold"]
             rows.append(
                 [f"art-ray ({mode})", seed, run["startup_s"], steps, run["seconds_per_step"], ours_s, ratio]
             )
@@ -431,12 +445,12 @@ def main() -> None:
         **{f"ratio_{m}": med(v) if len(v) == len(args.seeds) else None for m, v in ratios.items()},
         "art_ray_seconds": med([r["seconds_to_threshold"] or float("inf") for r in runs.values()]),
         "trl_seconds": med([t["seconds_to_threshold"] or float("inf") for t in theirs.values()] or [0]),
-        "art_ray_steps": med([len(r["steps"]) for r in runs.values()]),
+        "art_ray_steps": med([r["steps_to_threshold"] for r in runs.values()]),
         "trl_steps": med([len(t["steps"]) for t in theirs.values()]) if theirs else None,
         "busy_fraction": med([r["busy_fraction"] for r in runs.values()]),
         **{f"busy_fraction_{m}": med([r["busy_fraction"] for r in v.values()]) for m, v in ours.items()},
         **{
-            f"steps_{'sync' if m == 'colocated' else m}": med([len(r["steps"]) for r in v.values()])
+            f"steps_{'sync' if m == 'colocated' else m}": med([r["steps_to_threshold"] for r in v.values()])
             for m, v in ours.items()
         },
         "art_ray_seconds_per_step": med([r["seconds_per_step"] for r in runs.values()]),
