@@ -65,18 +65,43 @@ async def train_calls(args: argparse.Namespace, storage: str) -> dict:
             for prompt in ("Name a color.", "Say a number.")
         ]
         pipelined = TrainConfig(learning_rate=1e-5, wait_for_replicas=False)
-        blocked = []
+        enqueue, checkpoint_wait = [], []
         for _ in range(args.repeats + 1):  # the first call also builds what later calls reuse
             await model.train(groups, pipelined, verbose=False)
             metrics = model.last_train_result.metrics
-            blocked.append(metrics["time/publish_enqueue_seconds"] + metrics["time/checkpoint_wait_seconds"])
+            enqueue.append(metrics["time/publish_enqueue_seconds"])
+            checkpoint_wait.append(metrics["time/checkpoint_wait_seconds"])
+        blocked = [a + b for a, b in zip(enqueue, checkpoint_wait, strict=True)]
         served = []
         for _ in range(args.repeats):
             await model.train(groups, TrainConfig(learning_rate=1e-5), verbose=False)
             served.append(model.last_train_result.metrics["time/wait_for_replicas_seconds"])
-        return {"blocked": blocked[1:], "served": served}
+        return {
+            "blocked": blocked[1:],
+            "enqueue": enqueue[1:],
+            "checkpoint_wait": checkpoint_wait[1:],
+            "served": served,
+        }
     finally:
         backend.shutdown()
+
+
+async def scale_tiny_app(replicas: int, port: int) -> None:
+    """Deploy the tiny model's app with `replicas` replicas, or scale it to that many (only the new
+    replicas start: their count is not among the replicas' arguments)."""
+    from art_ray.models import resolve_base_model
+    from art_ray.serving.config import ServingConfig
+    from art_ray.serving.engine_config import EngineConfig
+    from art_ray.serving.launch import start_inference
+
+    config = ServingConfig(
+        engine=EngineConfig(model=resolve_base_model("tiny"), max_model_len=256, threads=1),
+        num_replicas=replicas,
+        replica_cpus=0,
+        app_name="publish-tiny",
+        route_prefix="/publish-tiny",
+    )
+    await asyncio.to_thread(start_inference, config, port=port)
 
 
 async def pushes(args: argparse.Namespace, replicas: int, first_step: int, port: int) -> list[float]:
@@ -84,20 +109,10 @@ async def pushes(args: argparse.Namespace, replicas: int, first_step: int, port:
     from art_ray.adapters.registry import publish_adapter
     from art_ray.adapters.spec import LoRASpec
     from art_ray.models import resolve_base_model
-    from art_ray.serving.config import ServingConfig
-    from art_ray.serving.engine_config import EngineConfig
-    from art_ray.serving.launch import start_inference
 
     base_model = resolve_base_model("tiny")
     spec = LoRASpec(r=SPEC_R, alpha=32)
-    config = ServingConfig(
-        engine=EngineConfig(model=base_model, max_model_len=256, threads=1),
-        num_replicas=replicas,
-        replica_cpus=0,
-        app_name="publish-tiny",
-        route_prefix="/publish-tiny",
-    )
-    await asyncio.to_thread(start_inference, config, port=port)
+    await scale_tiny_app(replicas, port)
     seconds = []
     for step in range(first_step, first_step + args.repeats):
         tensors = initial_adapter(base_model, spec, seed=step)
@@ -118,13 +133,19 @@ async def run(args: argparse.Namespace) -> dict:
         calls = await train_calls(args, storage)
     # each phase's figures as it ends: the 8-replica start is the slow, fragile part on a small box
     print(
-        f"SmolLM2 train calls: blocked {1000 * median(calls['blocked']):.1f} ms, every replica serves the "
+        f"SmolLM2 train calls: blocked {1000 * median(calls['blocked']):.1f} ms (publishing "
+        f"{1000 * median(calls['enqueue']):.1f} ms, waiting for the last checkpoint "
+        f"{1000 * median(calls['checkpoint_wait']):.1f} ms), every replica serves the "
         f"step {median(calls['served']):.3f} s after publishing (median of {args.repeats})",
         flush=True,
     )
     port = free_port()
     two = await pushes(args, 2, 1, port)
     print(f"registry push -> served by 2 tiny replicas: {median(two):.3f} s", flush=True)
+    # two more engines at a time: an engine start takes this box's cores for ~30 s, and 8 started at once
+    # starved each other's health checks (none became ready in 9 minutes)
+    for replicas in (4, 6):
+        await scale_tiny_app(replicas, port)
     eight = await pushes(args, 8, 100, port)
     stop_local_cluster()
     blocked_ms = 1000 * median(calls["blocked"])
@@ -134,6 +155,8 @@ async def run(args: argparse.Namespace) -> dict:
         ["what", "replicas", "seconds"],
         [
             ["train call blocked by publish + checkpoint (SmolLM2 r=16)", 2, blocked_ms / 1000],
+            ["  of which publishing (capture, put, hand to the registry)", 2, median(calls["enqueue"])],
+            ["  of which waiting for the last step's checkpoint", 2, median(calls["checkpoint_wait"])],
             ["published -> every replica serves it (SmolLM2 r=16)", 2, served_s],
             ["registry push -> served (tiny r=16)", 2, median(two)],
             ["registry push -> served (tiny r=16)", 8, median(eight)],
@@ -142,6 +165,8 @@ async def run(args: argparse.Namespace) -> dict:
     return {
         "bench": "publish",
         "blocked_ms": round(blocked_ms, 1),
+        "publish_ms": round(1000 * median(calls["enqueue"]), 1),
+        "checkpoint_wait_ms": round(1000 * median(calls["checkpoint_wait"]), 1),
         "served_seconds": round(served_s, 3),
         "tiny_served_2": round(median(two), 3),
         "tiny_served_8": round(median(eight), 3),

@@ -99,3 +99,15 @@ def test_serve_config_file_builds_an_application(ray_cluster) -> None:
     assert isinstance(app_builder(args), serve.Application)
     with pytest.raises(pydantic.ValidationError):
         app_builder({"engine": {"model": "/m"}, "num_replicas": 0})
+
+
+def test_replicas_are_built_without_the_replica_count() -> None:
+    """Serve restarts every replica whose deployment arguments changed: scaling must not change them."""
+    from art_ray.model_config import ReplicaAutoscaling
+    from art_ray.serving.replica import replica_config
+
+    two = ServingConfig(engine=EngineConfig(model="/m"), num_replicas=2)
+    eight = two.model_copy(update={"num_replicas": 8})
+    elastic = two.model_copy(update={"autoscaling": ReplicaAutoscaling(min_replicas=1, max_replicas=4)})
+    assert replica_config(two) == replica_config(eight) == replica_config(elastic)
+    assert replica_config(two.model_copy(update={"max_n": 4})) != replica_config(two)
