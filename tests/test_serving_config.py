@@ -19,8 +19,10 @@ def test_engine_kwargs_for_cpu_and_gpu() -> None:
     assert "tensor_parallel_size" not in cpu.vllm_kwargs()
     assert cpu.vllm_kwargs()["block_size"] == 32
     assert EngineConfig(model="/m", device="cpu", block_size=128).vllm_kwargs()["block_size"] == 128
+    assert cpu.vllm_kwargs()["kv_cache_memory_bytes"] == 2**30
+    small_cache = EngineConfig(model="/m", device="cpu", cpu_kvcache_space_gib=0.125)
+    assert small_cache.vllm_kwargs()["kv_cache_memory_bytes"] == 2**27
     assert cpu.env_vars() == {
-        "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "OMP_NUM_THREADS": "1",
@@ -44,7 +46,7 @@ def test_engine_kwargs_for_cpu_and_gpu() -> None:
         0.7,
     )
     assert kwargs["enforce_eager"] is False
-    assert "block_size" not in kwargs
+    assert "block_size" not in kwargs and "kv_cache_memory_bytes" not in kwargs
     assert gpu.env_vars() == {}
 
 
@@ -99,15 +101,3 @@ def test_serve_config_file_builds_an_application(ray_cluster) -> None:
     assert isinstance(app_builder(args), serve.Application)
     with pytest.raises(pydantic.ValidationError):
         app_builder({"engine": {"model": "/m"}, "num_replicas": 0})
-
-
-def test_replicas_are_built_without_the_replica_count() -> None:
-    """Serve restarts every replica whose deployment arguments changed: scaling must not change them."""
-    from art_ray.model_config import ReplicaAutoscaling
-    from art_ray.serving.replica import replica_config
-
-    two = ServingConfig(engine=EngineConfig(model="/m"), num_replicas=2)
-    eight = two.model_copy(update={"num_replicas": 8})
-    elastic = two.model_copy(update={"autoscaling": ReplicaAutoscaling(min_replicas=1, max_replicas=4)})
-    assert replica_config(two) == replica_config(eight) == replica_config(elastic)
-    assert replica_config(two.model_copy(update={"max_n": 4})) != replica_config(two)

@@ -39,9 +39,11 @@ class EngineConfig(pydantic.BaseModel):
     # GPU only
     tensor_parallel_size: int = pydantic.Field(default=1, ge=1)
     gpu_memory_utilization: float = pydantic.Field(default=0.85, gt=0, le=1)
-    # CPU only: KV cache size in GiB, and vLLM's VLLM_CPU_OMP_THREADS_BIND ("auto", "nobind", "0-3"); None:
-    # art-ray pins one worker thread per core when the engine has every core (art_ray/cpu_threads.py).
-    cpu_kvcache_space_gib: int = pydantic.Field(default=1, ge=1)
+    # CPU only: KV cache size in GiB (vLLM's kv_cache_memory_bytes; its VLLM_CPU_KVCACHE_SPACE takes whole
+    # GiB only, and the tiny model's engines need a fraction), and vLLM's VLLM_CPU_OMP_THREADS_BIND ("auto",
+    # "nobind", "0-3"); None: art-ray pins one worker thread per core when the engine has every core
+    # (art_ray/cpu_threads.py).
+    cpu_kvcache_space_gib: float = pydantic.Field(default=1.0, gt=0)
     cpu_threads_bind: str | None = None
     # CPU threads of the engine's torch ops (ModelConfig.engine_threads); None: every core of the node the
     # replica runs on.
@@ -68,6 +70,8 @@ class EngineConfig(pydantic.BaseModel):
             "enforce_eager": on_cpu if self.enforce_eager is None else self.enforce_eager,
             "seed": self.seed,
         }
+        if on_cpu:
+            kwargs["kv_cache_memory_bytes"] = int(self.cpu_kvcache_space_gib * 2**30)
         block_size = self.block_size or (CPU_BLOCK_SIZE if on_cpu else None)
         if block_size is not None:
             kwargs["block_size"] = block_size
@@ -85,7 +89,6 @@ class EngineConfig(pydantic.BaseModel):
         if self.resolved_device != "cpu":
             return {}
         return {
-            "VLLM_CPU_KVCACHE_SPACE": str(self.cpu_kvcache_space_gib),
             "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
             **engine_openmp_env(self.threads, self.cpu_threads_bind),
         }

@@ -163,20 +163,7 @@ def build_inference_app(config: ServingConfig) -> serve.Application:
         health_check_timeout_s=60,
         graceful_shutdown_timeout_s=config.drain_timeout_s,
     )
-    return deployment.bind(replica_config(config))
+    return deployment.bind(config)
 
 
-def replica_config(config: ServingConfig) -> ServingConfig:
-    """What each replica is built with: the app's config less the replica count. Serve restarts every
-    replica of a deployment whose arguments changed, so with the count in them, scaling 2 -> 8 replicas
-    started 8 engines at once (and on a 2-core box none became ready); without, it starts the new ones."""
-    defaults = ServingConfig.model_fields
-    return config.model_copy(
-        update={
-            "num_replicas": defaults["num_replicas"].default,
-            "autoscaling": defaults["autoscaling"].default,
-        }
-    )
-
-
-__all__ = ["DEPLOYMENT_NAME", "InferenceReplica", "build_inference_app", "ray", "replica_config"]
+__all__ = ["DEPLOYMENT_NAME", "InferenceReplica", "build_inference_app", "ray"]
