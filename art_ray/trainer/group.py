@@ -24,7 +24,7 @@ from art_ray.placement import PlacementError
 from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.train_result import GradientStep, TrainEvent, TrainResult
 from art_ray.trainer.config import TrainerConfig
-from art_ray.trainer.worker import ADAPTER_GROUP, STATE_FILE, TrainerWorker
+from art_ray.trainer.worker import ADAPTER_GROUP, CHECKPOINT_GROUP, STATE_FILE, TrainerWorker
 from art_ray.trajectories import Trajectory, TrajectoryGroup
 
 
@@ -53,7 +53,7 @@ class TrainerGroup:
         # CPU ranks on every core pin a thread per core; a GPU rank only caps its host threads
         env = trainer_openmp_env(config.threads) if config.device == "cpu" or config.threads else {}
         self.workers = [
-            ray.remote(concurrency_groups={ADAPTER_GROUP: 1})(TrainerWorker)
+            ray.remote(concurrency_groups={ADAPTER_GROUP: 1, CHECKPOINT_GROUP: 1})(TrainerWorker)
             .options(
                 num_cpus=config.rank.num_cpus,
                 num_gpus=config.rank.num_gpus,
@@ -117,9 +117,6 @@ class TrainerGroup:
             yield event
 
     async def _run(self, prepare: Callable[[], Any], config: TrainConfig) -> AsyncIterator[TrainEvent]:
-        waited = time.perf_counter()
-        await self.wait_for_checkpoint()  # the last step's write: its error, if any, surfaces here
-        waited = time.perf_counter() - waited
         if self.config.colocated:
             await self._handover("release")
         try:
@@ -143,21 +140,32 @@ class TrainerGroup:
             if self.config.colocated:
                 await self._handover("reclaim")
         # The adapter goes from rank 0 to the object store and the registry pushes it; the checkpoint is
-        # written after the adapter capture, on each rank, while the replicas load it.
+        # taken after the adapter capture, on each rank, and its files are written while the replicas load
+        # the adapter and the next step trains.
         start = time.perf_counter()
         registry = get_registry() if self.publish else None
         captured = [worker.publish_adapter.remote(registry) for worker in self.workers]
+        # one checkpoint in flight at most: the last one's files had this step's training to be written
+        # (a write's error, if any, surfaces here)
+        waited = time.perf_counter()
+        await self.wait_for_checkpoint()
+        waited = time.perf_counter() - waited
         folder = self.config.checkpoint_dir(self.step)
         saved = [worker.save_checkpoint.remote(folder) for worker in self.workers]
-        # rank 0 marks it complete once every rank's save finished (Ray resolves `saved` first)
-        self._checkpoint_written = self.workers[0].mark_checkpoint_complete.remote(folder, *saved)
+        written = [
+            worker.checkpoint_written.remote(ref) for worker, ref in zip(self.workers, saved, strict=True)
+        ]
+        # rank 0 marks it complete once every rank's files are written (Ray resolves `written` first)
+        self._checkpoint_written = self.workers[0].mark_checkpoint_complete.remote(
+            folder, self.step, *written
+        )
         published = await captured[0]
         enqueued = time.perf_counter()
         if published is not None and config.wait_for_replicas:
             await published[0]
         timings = {
             "time/checkpoint_wait_seconds": waited,
-            "time/publish_enqueue_seconds": enqueued - start,
+            "time/publish_enqueue_seconds": enqueued - start - waited,
             "time/wait_for_replicas_seconds": time.perf_counter() - enqueued,
         }
         yield TrainResult.of(self.step, gradient_steps, timings, checkpoint_path=folder)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import socket
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 import torch
@@ -27,9 +28,15 @@ from art_ray.trainer.packing import PackedRow, segment_attention_mask
 from art_ray.trainer.train_batch import RankBatch, rl_batches, sft_batches
 from art_ray.trajectories import Trajectory, TrajectoryGroup
 
+if TYPE_CHECKING:
+    from art_ray.trainer.checkpoint_writer import BackgroundCheckpointEngine
+
 CLIENT_STATE_STEP = "art_ray_step"
 # The concurrency group of `captured_adapter`, so the registry's fetch never queues behind a train call
 ADAPTER_GROUP = "adapter"
+# The concurrency group that waits for a checkpoint's background writes and marks it complete, while the
+# next train call runs on the actor's main thread
+CHECKPOINT_GROUP = "checkpoint"
 # Captured adapters rank 0 holds until the registry fetched them (it does within milliseconds)
 KEEP_CAPTURED = 2
 # Written last into a checkpoint folder: a folder without it is an interrupted checkpoint, never resumed from
@@ -92,6 +99,7 @@ class TrainerWorker:
         torch.manual_seed(self.settings.seed)
         self.on_gpu = config.device == "gpu"
         self.engine: Any = None
+        self.checkpoint_writer: BackgroundCheckpointEngine | None = None
         self.handover: TrainerHandover | None = None
         self.tokenizer: Any = None
         self.step = 0
@@ -147,6 +155,10 @@ class TrainerWorker:
         self.engine, *_ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=deepspeed_config(self.config, self.on_gpu)
         )
+        from art_ray.trainer.checkpoint_writer import BackgroundCheckpointEngine
+
+        self.checkpoint_writer = BackgroundCheckpointEngine(self.engine._config)
+        self.engine.checkpoint_engine = self.checkpoint_writer
         self.handover = TrainerHandover(self.engine.module, self.engine, self.config.device)
         if self.config.colocated:
             self.handover.offload()  # the engines sample first
@@ -341,31 +353,45 @@ class TrainerWorker:
 
     def save_checkpoint(self, folder: str) -> None:
         """Every rank saves its DeepSpeed state (adapter, optimizer), and rank 0 the PEFT adapter folder
-        a replica can serve; remote roots get it uploaded. The group marks the checkpoint complete."""
+        a replica can serve; remote roots get it uploaded. Returns once the state is copied: the files
+        are written in the background (`checkpoint_written`), and the group marks the checkpoint complete
+        once every rank's are."""
         from art_ray.adapters.lora_files import write_peft_adapter
 
         client_state = {CLIENT_STATE_STEP: self.step, "torch_rng": torch.get_rng_state()}
         adapter = self.adapter_tensors()  # under ZeRO-3 a gather every rank takes part in
+        remote = "://" in folder
+        target = tempfile.mkdtemp(prefix="art-ray-checkpoint-") if remote else folder
+        self.engine.save_checkpoint(
+            target, tag="deepspeed", client_state=client_state, exclude_frozen_parameters=True
+        )
+        writer = self.checkpoint_writer
+        assert writer is not None
+        if self.rank == 0:
+            spec, base_model = self.settings.lora, self.config.base_model
+            writer.submit(lambda: write_peft_adapter(Path(target) / "adapter", adapter, spec, base_model))
+        if remote:
 
-        def save(target: str) -> None:
-            self.engine.save_checkpoint(
-                target, tag="deepspeed", client_state=client_state, exclude_frozen_parameters=True
-            )
-            if self.rank == 0:
-                write_peft_adapter(
-                    Path(target) / "adapter", adapter, self.settings.lora, self.config.base_model
-                )
+            def upload() -> None:
+                try:
+                    storage.upload_dir(Path(target), folder)
+                finally:
+                    shutil.rmtree(target, ignore_errors=True)
 
-        if "://" not in folder:
-            save(folder)
-            return
-        with tempfile.TemporaryDirectory() as staging:
-            save(staging)
-            storage.upload_dir(Path(staging), folder)
+            writer.submit(upload)
 
-    def mark_checkpoint_complete(self, folder: str, *saved: None) -> None:
-        """Called on rank 0 with every rank's save as arguments, so it runs after all of them."""
-        storage.write_text(f"{folder}/{STATE_FILE}", json.dumps({"step": self.step, "saved_at": time.time()}))
+    @ray.method(concurrency_group=CHECKPOINT_GROUP)
+    def checkpoint_written(self, saved: None) -> None:
+        """Once this rank's files of the checkpoint whose `save_checkpoint` call is `saved` are written
+        (the argument orders this call after it) and those of any earlier one; raises a write's error."""
+        assert self.checkpoint_writer is not None
+        self.checkpoint_writer.wait()
+
+    @ray.method(concurrency_group=CHECKPOINT_GROUP)
+    def mark_checkpoint_complete(self, folder: str, step: int, *written: None) -> None:
+        """Called on rank 0 with every rank's `checkpoint_written` as arguments, so it runs after all of
+        them (and maybe while the next step trains: the step is the checkpoint's, not the rank's now)."""
+        storage.write_text(f"{folder}/{STATE_FILE}", json.dumps({"step": step, "saved_at": time.time()}))
 
     def load_checkpoint(self, folder: str) -> int:
         with tempfile.TemporaryDirectory() as staging:
