@@ -124,7 +124,11 @@ class PipelineTrainer(Generic[Scenario]):
         self.model = model
         self.rollout_fn = rollout_fn
         self.scenarios = scenarios
-        self.train_config = (train_config or TrainConfig()).model_copy(update={"wait_for_replicas": False})
+        # Each train call returns once the replicas serve the new step (~0.08 s after publishing it), and
+        # only then do rollouts on it start: when they started at the publish, the replicas still served
+        # the step before, and such groups were trained two steps off-policy, or dropped as stale (1-4 of
+        # 4 a step in bench/end_to_end.py).
+        self.train_config = train_config or TrainConfig()
         self.num_rollout_workers = num_rollout_workers
         self.min_batch_size = min_batch_size
         self.max_batch_size = max(max_batch_size or min_batch_size, min_batch_size)

@@ -1,9 +1,9 @@
 """What publishing a step costs the trainer, and how soon every replica serves it.
 
-- blocked: back-to-back train calls as the pipelined loop makes them (returning once the step is
-  published, not served): the seconds each call spends on publishing (capturing the adapter, putting it
-  into the object store, handing the ref to the registry) plus waiting for the previous step's
-  checkpoint, which the ranks write in the background. SmolLM2-135M, LoRA r=16, split layout.
+- blocked: back-to-back train calls that return once the step is published, not served
+  (`TrainConfig.wait_for_replicas=False`): the seconds each call spends on publishing (capturing the
+  adapter, putting it into the object store, handing the ref to the registry) plus waiting for the
+  previous step's checkpoint, which the ranks write in the background. SmolLM2-135M, LoRA r=16, split layout.
 - served: train calls as the sync loop makes them, the seconds from the end of publishing until every
   replica serves the step (2 replicas of SmolLM2).
 - growth: the registry's push alone (`publish_adapter`) to 2 and to 8 replicas of the `tiny` model.
@@ -64,10 +64,10 @@ async def train_calls(args: argparse.Namespace, storage: str) -> dict:
             await art_ray.TrajectoryGroup(sample(prompt) for _ in range(4))
             for prompt in ("Name a color.", "Say a number.")
         ]
-        pipelined = TrainConfig(learning_rate=1e-5, wait_for_replicas=False)
+        published_only = TrainConfig(learning_rate=1e-5, wait_for_replicas=False)
         enqueue, checkpoint_wait = [], []
         for _ in range(args.repeats + 1):  # the first call also builds what later calls reuse
-            await model.train(groups, pipelined, verbose=False)
+            await model.train(groups, published_only, verbose=False)
             metrics = model.last_train_result.metrics
             enqueue.append(metrics["time/publish_enqueue_seconds"])
             checkpoint_wait.append(metrics["time/checkpoint_wait_seconds"])
