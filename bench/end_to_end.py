@@ -5,6 +5,8 @@ Both: SmolLM2-135M-Instruct, LoRA r=16 alpha=32 on q/k/v/o, lr 5e-4, 4 questions
 16 new tokens, temperature 1, the one-word task's reward (examples/one_word/tasks.py), the same question
 order per seed. Time to threshold = seconds of training (model/engine start excluded, reported apart) until
 a step's samples reach the mean reward `--threshold`. TRL runs in its own process with every core.
+art-ray's loss is ART's default (`--policy-loss art`), which on-policy gives TRL's gradient (see
+train_config); `--policy-loss ppo` uses TRL's clip.
 
 art-ray modes (`--modes`), each on a backend of its own:
 - "colocated" (the default layout on one box): engine and trainer take turns, each phase on every core;
@@ -59,11 +61,20 @@ async def gather_step(model, questions: list[str]) -> tuple[list, float]:
     return groups, time.perf_counter() - started
 
 
-async def train_step(model, groups: list) -> dict:
+def train_config(args: argparse.Namespace):
+    """`--policy-loss art`: ART 0.5's default loss (CISPO, the ratio a stop-gradient weight clipped to
+    [0, 5]); `ppo`: the clipped ratio in [0.8, 1.2], as TRL. On-policy samples (ratio 1: the sync loops)
+    get the same gradient from both; a step off-policy, PPO's clip drops the tokens whose ratio moved."""
     from art_ray import TrainConfig
 
+    if args.policy_loss == "ppo":
+        return TrainConfig(learning_rate=LEARNING_RATE)
+    return TrainConfig(learning_rate=LEARNING_RATE, policy_loss="cispo", epsilon=1.0, epsilon_high=4.0)
+
+
+async def train_step(model, groups: list, config) -> dict:
     started = time.perf_counter()
-    await model.train(groups, TrainConfig(learning_rate=LEARNING_RATE), verbose=False)
+    await model.train(groups, config, verbose=False)
     total_s = time.perf_counter() - started
     summary = model.last_train_result.metrics
     train_s = sum(m["time/step_seconds"] for m in model.last_train_metrics)
@@ -117,7 +128,7 @@ async def run_loop(model, args: argparse.Namespace, seed: int, overlap: bool) ->
             break
         if index + 1 == len(batches):
             break
-        pending_train = asyncio.ensure_future(train_step(model, groups))
+        pending_train = asyncio.ensure_future(train_step(model, groups, train_config(args)))
         if overlap:
             pending_rollout = asyncio.ensure_future(gather_step(model, batches[index + 1]))
         else:
@@ -152,7 +163,6 @@ async def pipelined_loop(model, args: argparse.Namespace, seed: int) -> dict:
     import train  # examples/one_word/train.py: the rollout the demo uses (as Ray work)
 
     import art_ray
-    from art_ray import TrainConfig
 
     by_policy: dict[int, list[float]] = {}  # policy -> finished groups' mean rewards, in order
     reached: list[tuple[float, int]] = []  # (seconds into the loop, steps)
@@ -174,7 +184,7 @@ async def pipelined_loop(model, args: argparse.Namespace, seed: int) -> dict:
         model,
         rollout_group,
         questions,
-        train_config=TrainConfig(learning_rate=LEARNING_RATE),
+        train_config=train_config(args),
         num_rollout_workers=GROUPS_PER_STEP,
         min_batch_size=GROUPS_PER_STEP,
         max_batch_size=args.max_batch_groups,
@@ -382,6 +392,9 @@ def main() -> None:
         help="art-ray loops to run (colocated, pipelined, split, overlap); the first is the headline",
     )
     parser.add_argument("--max-steps-off-policy", type=int, default=1, help="pipelined mode's bound")
+    parser.add_argument(
+        "--policy-loss", choices=["art", "ppo"], default="art", help="art-ray's loss (see train_config)"
+    )
     parser.add_argument("--max-batch-groups", type=int, default=GROUPS_PER_STEP, help="pipelined mode")
     parser.add_argument("--stall-seconds", type=float, default=180, help="print the loop's tasks after")
     args = parser.parse_args()
