@@ -21,11 +21,12 @@ from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchChe
 
 
 def snapshot(value: Any) -> Any:
-    """A copy of `value` the caller may keep while the original changes: tensors cloned, dicts, lists
-    and tuples rebuilt; anything else (configs, numbers, strings) is shared, as training does not change
-    it."""
+    """A copy of `value` the caller may keep while the original changes: tensors copied to host memory
+    (a GPU rank's snapshot does not hold device memory while it waits for the writer; loading maps
+    tensors to the parameters' devices anyway), dicts, lists and tuples rebuilt; anything else (configs,
+    numbers, strings) is shared, as training does not change it."""
     if isinstance(value, torch.Tensor):
-        return value.detach().clone()
+        return value.detach().to("cpu", copy=True)
     if isinstance(value, dict):
         copied = copy.copy(value)  # keeps the dict's type (OrderedDict, defaultdict)
         for key, item in value.items():
