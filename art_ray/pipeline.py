@@ -3,8 +3,8 @@
 Concepts and names follow ART 0.5's PipelineTrainer. Rollout workers take scenarios and run the user's
 rollout function (on the driver's loop, or as Ray work inside it with `remote_rollout`), each making a
 group; the training stage collects `min_batch_size` to `max_batch_size` groups and trains a step on them,
-returning once the step is published (the replicas load it while the next step trains). Each trajectory
-records the policy versions (trained steps) that sampled it; a group sampled more than
+returning once the replicas serve the step (its checkpoint is written while the next step trains). Each
+trajectory records the policy versions (trained steps) that sampled it; a group sampled more than
 `max_steps_off_policy` steps before the policy it would train is dropped and counted, never trained (the
 loss keeps the importance ratio against the sampling logprobs). A rollout starts only when the batches it
 could still train in have room (`_may_start_rollout`), so the engine samples what the trainer will take
@@ -167,14 +167,14 @@ class PipelineTrainer(Generic[Scenario]):
         self.state_path = self.state_path or self._default_state_path()
         step = await self.model.get_step()
         self.state = self._load_state(step)
-        start_step = self._start_step = self.state.step = step
+        self._start_step = self.state.step = step
         self._taken = self.state.scenario_offset
         scenarios = self._scenario_stream(self.state.scenario_offset)
         workers = [
             asyncio.ensure_future(self._rollout_worker(scenarios)) for _ in range(self.num_rollout_workers)
         ]
         try:
-            await self._training_stage(start_step)
+            await self._training_stage()
         finally:
             for worker in workers:
                 worker.cancel()
@@ -231,9 +231,9 @@ class PipelineTrainer(Generic[Scenario]):
             await self._gate.wait_for(self._may_start_rollout)
             self._outstanding += 1
 
-    async def _release(self, count: int = 1) -> None:
+    async def _release(self) -> None:
         async with self._gate:
-            self._outstanding -= count
+            self._outstanding -= 1
             self._gate.notify_all()
 
     async def _set_policy(self, *, training: bool, step: int | None = None, batch: int = 0) -> None:
@@ -271,10 +271,12 @@ class PipelineTrainer(Generic[Scenario]):
 
     # --- training -------------------------------------------------------------------------------
 
-    async def _training_stage(self, start_step: int) -> None:
+    async def _training_stage(self) -> None:
         last = time.perf_counter()
         engine_last = self._engine.read()
-        while not self._stop and (self.max_steps is None or self.state.step - start_step < self.max_steps):
+        while not self._stop and (
+            self.max_steps is None or self.state.step - self._start_step < self.max_steps
+        ):
             batch, stale, depth = await self._collect_batch()
             if not batch or self._stop:
                 return  # the scenarios ran out, or a stop came while collecting: resume samples them again
