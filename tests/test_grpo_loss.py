@@ -93,3 +93,53 @@ def test_clipped_cispo_tokens_still_get_gradient() -> None:
         logp, torch.tensor(OLD_CLIPPING), torch.tensor(ADV), torch.tensor(WEIGHTS), config
     ).loss.backward()
     assert logp.grad[0] != 0
+
+
+def test_trained_positions_only_gives_the_full_logits_gradient() -> None:
+    """The output layer at the trained positions only (`logits_to_keep`) gives the same per-token
+    logprobs and LoRA gradients as computing every position's logits, on a packed micro-batch whose rows
+    train different spans; a row of padding alone keeps one position."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from art_ray.models.local import resolve_base_model
+    from art_ray.trainer.loss import token_logprobs, trained_positions
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(resolve_base_model("tiny"), dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    for name, param in model.named_parameters():
+        if "lora_B" in name:  # non-zero, so the adapter's gradients depend on the whole graph
+            torch.nn.init.normal_(param, std=0.02)
+    rows, length = 3, 24
+    input_ids = torch.randint(0, 100, (rows, length))
+    targets = torch.randint(0, 100, (rows, length))
+    weights = torch.zeros(rows, length)
+    weights[0, 5:12], weights[1, 9:20], weights[2, 14:16] = 1.0, 0.5, 2.0
+    advantages = torch.randn(rows, length)
+
+    def loss_and_grads(keep: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad()
+        if keep is None:
+            logprobs = token_logprobs(model(input_ids=input_ids).logits, targets)
+            w, a = weights, advantages
+        else:
+            logits = model(input_ids=input_ids, logits_to_keep=keep).logits
+            logprobs = token_logprobs(logits, targets[:, keep])
+            w, a = weights[:, keep], advantages[:, keep]
+        loss = -(logprobs * a * w).sum()
+        loss.backward()
+        trained = (logprobs * (w > 0)).detach()
+        grads = [p.grad.clone() for n, p in model.named_parameters() if p.requires_grad]
+        return loss.detach(), trained[w > 0], grads
+
+    keep = trained_positions(weights)
+    assert keep.tolist() == list(range(5, 20))
+    full_loss, full_logprobs, full_grads = loss_and_grads(None)
+    kept_loss, kept_logprobs, kept_grads = loss_and_grads(keep)
+    torch.testing.assert_close(kept_loss, full_loss)
+    torch.testing.assert_close(kept_logprobs, full_logprobs)
+    assert any(g.abs().sum() > 0 for g in full_grads)
+    for kept, full in zip(kept_grads, full_grads, strict=True):
+        torch.testing.assert_close(kept, full)
+    assert trained_positions(torch.zeros(2, 8)).tolist() == [0]

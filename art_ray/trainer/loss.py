@@ -105,6 +105,13 @@ def _sequence_mean(values: torch.Tensor, segments: torch.Tensor, mask: torch.Ten
     return torch.where(mask, means[keys].reshape(values.shape), torch.zeros_like(values))
 
 
+def trained_positions(weights: torch.Tensor) -> torch.Tensor:
+    """The sequence positions [T] where any row of `weights` [B, T] trains a token (a row of padding
+    alone keeps its first position, so the step still has a loss to run backward on)."""
+    positions = weights.gt(0).any(0).nonzero().squeeze(-1)
+    return positions if positions.numel() else torch.zeros(1, dtype=torch.long, device=weights.device)
+
+
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log p(target) for each position: logits [..., T, V], targets [..., T]."""
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)

@@ -23,7 +23,7 @@ from art_ray.colocation import TrainerHandover
 from art_ray.cpu_threads import every_core_threads
 from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.trainer.config import TrainerConfig
-from art_ray.trainer.loss import policy_loss, token_entropy, token_logprobs
+from art_ray.trainer.loss import policy_loss, token_entropy, token_logprobs, trained_positions
 from art_ray.trainer.packing import PackedRow, segment_attention_mask
 from art_ray.trainer.train_batch import RankBatch, rl_batches, sft_batches
 from art_ray.trajectories import Trajectory, TrajectoryGroup
@@ -275,14 +275,20 @@ class TrainerWorker:
         old_logprobs, advantages = tensor("old_logprobs", torch.float32), tensor("advantages", torch.float32)
         weights = tensor("weights", torch.float32)
         mask = segment_attention_mask(segments, tensor("parent_ids", torch.long))
+        # The output layer and its log-softmax run only where some row trains a token: prompts and tool
+        # output are context, not targets (here ~a quarter of the positions, 6% of a step; with a 150k
+        # vocabulary and agent prompts most of the logits' memory).
+        keep = trained_positions(weights)
+        targets, old_logprobs, advantages, weights, segments = (
+            values[:, keep] for values in (targets, old_logprobs, advantages, weights, segments)
+        )
+        inputs = {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": mask}
         reference = None
         if train_config.needs_reference:
             with torch.no_grad(), self.engine.module.disable_adapter():
-                ref_logits = self.engine(
-                    input_ids=input_ids, position_ids=position_ids, attention_mask=mask
-                ).logits
+                ref_logits = self.engine(**inputs, logits_to_keep=keep).logits
                 reference = token_logprobs(ref_logits, targets)
-        logits = self.engine(input_ids=input_ids, position_ids=position_ids, attention_mask=mask).logits
+        logits = self.engine(**inputs, logits_to_keep=keep).logits
         logprobs = token_logprobs(logits, targets)
         result = policy_loss(logprobs, old_logprobs, advantages, weights, train_config, reference, segments)
         # DeepSpeed averages gradients over ranks; weights already sum to 1 over the global batch.
