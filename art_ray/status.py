@@ -5,8 +5,7 @@ from __future__ import annotations
 import pydantic
 import ray
 
-from art_ray.adapters.registry import get_registry
-from art_ray.serving.replica import DEPLOYMENT_NAME
+from art_ray.adapters.registry import INFERENCE_DEPLOYMENT, get_registry
 
 
 class ModelStatus(pydantic.BaseModel):
@@ -48,13 +47,13 @@ def cluster_status(timeout_s: float = 30.0) -> ClusterStatus:
             )
     apps = []
     for name, app in serve.status().applications.items():
-        deployment = app.deployments.get(DEPLOYMENT_NAME)
+        deployment = app.deployments.get(INFERENCE_DEPLOYMENT)
         if deployment is None:
             continue  # not an art-ray inference app
         running = deployment.replica_states.get("RUNNING", 0)
         replicas = []
         if running:
-            handle = serve.get_deployment_handle(DEPLOYMENT_NAME, name)
+            handle = serve.get_deployment_handle(INFERENCE_DEPLOYMENT, name)
             replicas = handle.broadcast("served_models").results(timeout_s=timeout_s)
         apps.append(
             AppStatus(

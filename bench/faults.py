@@ -71,15 +71,14 @@ def injected(progress: Path) -> set[str]:
 async def strike(fault: str, backend, model, progress: Path) -> None:  # noqa: ANN001
     import ray
 
-    from art_ray.adapters.registry import get_registry
-    from art_ray.serving.replica import DEPLOYMENT_NAME
+    from art_ray.adapters.registry import INFERENCE_DEPLOYMENT, get_registry
 
     record(progress, fault=fault, step=await model.get_step())
     if fault == "replica":
         name = next(
             actor["name"]
             for actor in ray.util.list_named_actors(all_namespaces=True)
-            if actor["name"].startswith(f"SERVE_REPLICA::{backend.app_name}#{DEPLOYMENT_NAME}")
+            if actor["name"].startswith(f"SERVE_REPLICA::{backend.app_name}#{INFERENCE_DEPLOYMENT}")
         )
         ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)  # Serve starts another
     elif fault == "trainer_rank":

@@ -43,10 +43,9 @@ async def measure(
 ) -> tuple[float, float]:
     from ray import serve
 
-    from art_ray.adapters.registry import publish_adapter
-    from art_ray.serving.replica import DEPLOYMENT_NAME
+    from art_ray.adapters.registry import INFERENCE_DEPLOYMENT, publish_adapter
 
-    handle = serve.get_deployment_handle(DEPLOYMENT_NAME, config.app_name)
+    handle = serve.get_deployment_handle(INFERENCE_DEPLOYMENT, config.app_name)
     broadcast, disk = [], []
     for i in range(repeats):
         tensors = random_tensors(shapes, seed=first_step + i)

@@ -14,14 +14,13 @@ from conftest import free_port
 from ray import serve
 
 from art_ray.adapters.lora_files import adapter_shapes
-from art_ray.adapters.registry import publish_adapter
+from art_ray.adapters.registry import INFERENCE_DEPLOYMENT, publish_adapter
 from art_ray.adapters.spec import LoRASpec
 from art_ray.model_config import ReplicaAutoscaling
 from art_ray.models import TINY, prepare
 from art_ray.serving.config import ServingConfig
 from art_ray.serving.engine_config import EngineConfig
 from art_ray.serving.launch import start_inference, stop_inference
-from art_ray.serving.replica import DEPLOYMENT_NAME
 
 pytestmark = pytest.mark.slow
 
@@ -32,12 +31,12 @@ PROMPT = [{"role": "user", "content": "Count to ten."}]
 
 
 def running_replicas() -> int:
-    deployment = serve.status().applications[APP].deployments[DEPLOYMENT_NAME]
+    deployment = serve.status().applications[APP].deployments[INFERENCE_DEPLOYMENT]
     return deployment.replica_states.get("RUNNING", 0)
 
 
 async def served_steps() -> list[list[int]]:
-    handle = serve.get_deployment_handle(DEPLOYMENT_NAME, APP)
+    handle = serve.get_deployment_handle(INFERENCE_DEPLOYMENT, APP)
     served = await handle.broadcast("served_models").results_async(timeout_s=60)
     return [models.get(MODEL, []) for models in served]
 

@@ -13,9 +13,9 @@ import pytest
 from ray import serve
 from vllm.entrypoints.serve.utils.api_utils import with_cancellation
 
+from art_ray.adapters.registry import INFERENCE_DEPLOYMENT
 from art_ray.serving.disconnect import DisconnectOnCancel
 from art_ray.serving.endpoint_guard import EndpointGuard
-from art_ray.serving.replica import DEPLOYMENT_NAME
 
 PROMPT = [{"role": "user", "content": "Tell me a long story."}]
 
@@ -157,7 +157,7 @@ def test_n_is_capped_and_max_tokens_has_a_bounded_default(inference_app) -> None
 
 
 async def unfinished(app) -> int:
-    handle = serve.get_deployment_handle(DEPLOYMENT_NAME, app.app_name)
+    handle = serve.get_deployment_handle(INFERENCE_DEPLOYMENT, app.app_name)
     return sum(await handle.broadcast("unfinished_requests").results_async(timeout_s=60))
 
 

@@ -33,8 +33,7 @@ from art_ray import (
     read_trajectory_groups,
     sampled_tokens,
 )
-from art_ray.adapters.registry import get_registry
-from art_ray.serving.replica import DEPLOYMENT_NAME
+from art_ray.adapters.registry import INFERENCE_DEPLOYMENT, get_registry
 from art_ray.trainer.group import checkpoint_steps
 
 pytestmark = pytest.mark.slow
@@ -171,7 +170,7 @@ async def test_the_adapter_never_passes_through_the_driver_and_sync_train_waits_
     groups = [g for g in groups if len(set(g.rewards)) > 1] or groups
     step = await model.train(groups, TrainConfig(learning_rate=1e-3))
     # on return every replica serves the new step (the sync loop's guarantee)
-    handle = serve.get_deployment_handle(DEPLOYMENT_NAME, backend.app_name)
+    handle = serve.get_deployment_handle(INFERENCE_DEPLOYMENT, backend.app_name)
     served = await handle.broadcast("served_models").results_async(timeout_s=60)
     assert len(served) == CONFIG.num_replicas and all(step in models[model.name] for models in served)
     # the driver holds no reference to the published tensors: rank 0 made them, the registry owns them

@@ -15,9 +15,8 @@ from ray import serve
 
 from art_ray import Trajectory, sampled_tokens
 from art_ray.adapters.lora_files import adapter_shapes
-from art_ray.adapters.registry import get_registry, publish_adapter
+from art_ray.adapters.registry import INFERENCE_DEPLOYMENT, get_registry, publish_adapter
 from art_ray.adapters.spec import LoRASpec
-from art_ray.serving.replica import DEPLOYMENT_NAME
 
 pytestmark = pytest.mark.slow
 
@@ -50,12 +49,12 @@ async def published_step(app, step: int, seed: int) -> int:
 
 
 def served_by_replicas(app) -> list[dict[str, list[int]]]:
-    handle = serve.get_deployment_handle(DEPLOYMENT_NAME, app.app_name)
+    handle = serve.get_deployment_handle(INFERENCE_DEPLOYMENT, app.app_name)
     return handle.broadcast("served_models").results(timeout_s=60)
 
 
 async def served_by_replicas_async(app) -> list[dict[str, list[int]]]:
-    handle = serve.get_deployment_handle(DEPLOYMENT_NAME, app.app_name)
+    handle = serve.get_deployment_handle(INFERENCE_DEPLOYMENT, app.app_name)
     return await handle.broadcast("served_models").results_async(timeout_s=60)
 
 
@@ -217,7 +216,7 @@ def test_restarted_replica_serves_every_kept_version(inference_app) -> None:
     replicas = [
         actor
         for actor in ray.util.list_named_actors(all_namespaces=True)
-        if actor["name"].startswith(f"SERVE_REPLICA::{inference_app.app_name}#{DEPLOYMENT_NAME}")
+        if actor["name"].startswith(f"SERVE_REPLICA::{inference_app.app_name}#{INFERENCE_DEPLOYMENT}")
     ]
     assert len(replicas) == 2
     victim = ray.get_actor(replicas[0]["name"], namespace=replicas[0]["namespace"])
@@ -225,7 +224,7 @@ def test_restarted_replica_serves_every_kept_version(inference_app) -> None:
     deadline = time.monotonic() + 240
     while True:
         status = serve.status().applications[inference_app.app_name]
-        deployment = status.deployments[DEPLOYMENT_NAME]
+        deployment = status.deployments[INFERENCE_DEPLOYMENT]
         running = deployment.replica_states.get("RUNNING", 0)
         if running == 2 and status.status == "RUNNING":
             try:

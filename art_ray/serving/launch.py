@@ -31,10 +31,9 @@ def start_inference(config: ServingConfig, host: str = DEFAULT_HOST, port: int =
 
 def stop_inference(app_name: str) -> None:
     """Delete the app and its subscription to adapter versions."""
-    from art_ray.adapters.registry import get_registry
-    from art_ray.serving.replica import DEPLOYMENT_NAME
+    from art_ray.adapters.registry import INFERENCE_DEPLOYMENT, get_registry
 
-    ray.get(get_registry().unsubscribe.remote(app_name, DEPLOYMENT_NAME))
+    ray.get(get_registry().unsubscribe.remote(app_name, INFERENCE_DEPLOYMENT))
     serve.delete(app_name)
 
 

@@ -27,7 +27,6 @@ from art_ray.serving.middleware import ModelRoutingMiddleware
 from art_ray.serving.vllm_app import build_engine_and_app
 
 logger = logging.getLogger(__name__)
-DEPLOYMENT_NAME = INFERENCE_DEPLOYMENT
 
 
 @serve.ingress()
@@ -155,7 +154,7 @@ def build_inference_app(config: ServingConfig) -> serve.Application:
     )
     deployment = serve.deployment(
         InferenceReplica,
-        name=DEPLOYMENT_NAME,
+        name=INFERENCE_DEPLOYMENT,
         **scaling,
         max_ongoing_requests=config.max_ongoing_requests,
         ray_actor_options=replica_actor_options(config),
@@ -166,4 +165,4 @@ def build_inference_app(config: ServingConfig) -> serve.Application:
     return deployment.bind(config)
 
 
-__all__ = ["DEPLOYMENT_NAME", "InferenceReplica", "build_inference_app", "ray"]
+__all__ = ["InferenceReplica", "build_inference_app", "ray"]
