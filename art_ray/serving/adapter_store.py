@@ -9,6 +9,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,17 @@ class AdapterLoadError(RuntimeError):
     pass
 
 
+@dataclass(frozen=True)
+class LoadedVersion:
+    """One served version: its adapter folder on this node, and, for a version fetched from the registry,
+    the registry's record of it (tensors dropped: what a restarted registry takes back from here) and its
+    object's id (a republished step has a new one); a checkpoint folder loaded as it is has neither."""
+
+    folder: Path
+    record: AdapterVersion | None = None
+    object_id: str | None = None
+
+
 class AdapterStore:
     """`source(model, step)`: where a version this replica lacks is fetched from (the registry), or None."""
 
@@ -52,11 +64,7 @@ class AdapterStore:
         self._keep_versions = keep_versions
         self._base_model = base_model
         self._source = source
-        # model -> step -> (object ref id, folder) of the loaded version
-        self._loaded: dict[str, dict[int, tuple[str, Path]]] = {}
-        # the registry's record of each version loaded from it (tensors dropped): what a restarted registry
-        # takes back from here
-        self._published: dict[tuple[str, int], AdapterVersion] = {}
+        self._loaded: dict[str, dict[int, LoadedVersion]] = {}  # model -> step -> what serves it
         self._lock = asyncio.Lock()
         # (unloaded at, folder) of versions no longer served, deleted after a grace period
         self._retired: deque[tuple[float, Path]] = deque()
@@ -89,7 +97,7 @@ class AdapterStore:
         async with self._lock:
             loaded = self._loaded.setdefault(version.model, {})
             if version.step in loaded:
-                if loaded[version.step][0] == ref_id:
+                if loaded[version.step].object_id == ref_id:
                     return False
                 await self._unload(version.model, version.step)  # same step republished with new weights
             tensors = unpack_adapter(await version.tensors)
@@ -97,8 +105,8 @@ class AdapterStore:
             folder = self._folder / version.model / f"{version.step:06d}-{uuid.uuid4().hex[:8]}"
             await asyncio.to_thread(write_peft_adapter, folder, tensors, version.lora, version.base_model)
             await self._add(versioned_name(version.model, version.step), folder)
-            loaded[version.step] = (ref_id, folder)
-            self._published[(version.model, version.step)] = version.model_copy(update={"tensors": None})
+            record = version.model_copy(update={"tensors": None})
+            loaded[version.step] = LoadedVersion(folder, record, ref_id)
             for old_step in sorted(loaded)[: -self._keep_versions]:
                 await self._unload(version.model, old_step)
             return True
@@ -106,7 +114,12 @@ class AdapterStore:
     async def held_versions(self) -> list[tuple[AdapterVersion, PackedAdapter]]:
         """Every version loaded from the registry, with its tensors read back from this replica's disk."""
         async with self._lock:
-            held = [(version, self._loaded[key[0]][key[1]][1]) for key, version in self._published.items()]
+            held = [
+                (served.record, served.folder)
+                for steps in self._loaded.values()
+                for served in steps.values()
+                if served.record is not None
+            ]
         return [
             (version, pack_adapter(await asyncio.to_thread(read_peft_adapter, folder)))
             for version, folder in held
@@ -119,7 +132,7 @@ class AdapterStore:
             if step in loaded:
                 await self._unload(model, step)
             await self._add(versioned_name(model, step), folder, delete_on_error=False)
-            loaded[step] = (f"folder:{folder}", folder)
+            loaded[step] = LoadedVersion(folder)
             for old_step in sorted(loaded)[: -self._keep_versions]:
                 await self._unload(model, old_step)
 
@@ -142,9 +155,8 @@ class AdapterStore:
         await self._serving_models.unload_lora_adapter(UnloadLoRAAdapterRequest(lora_name=lora_name))
         if request is not None:
             await self._engine.remove_lora(request.lora_int_id)
-        source, folder = self._loaded[model].pop(step)
-        self._published.pop((model, step), None)
-        if not source.startswith("folder:"):  # never delete a checkpoint folder we were given
-            self._retired.append((time.monotonic(), folder))
+        served = self._loaded[model].pop(step)
+        if served.record is not None:  # never delete a checkpoint folder we were given
+            self._retired.append((time.monotonic(), served.folder))
         while self._retired and time.monotonic() - self._retired[0][0] > RETIRED_FOLDER_GRACE_S:
             shutil.rmtree(self._retired.popleft()[1], ignore_errors=True)
