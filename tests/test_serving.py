@@ -200,11 +200,15 @@ async def test_mixed_concurrent_requests_get_their_own_version(inference_app) ->
 
 
 async def test_old_versions_are_evicted_beyond_keep_versions(inference_app) -> None:
-    for step in (3, 4):
+    """Three new steps (keep_versions) leave only them served, whatever this module published before."""
+    served = await served_by_replicas_async(inference_app)
+    latest = max(step for models in served for step in models[inference_app.model])
+    new = [latest + 1, latest + 2, latest + 3]
+    for step in new:
         await published_step(inference_app, step, seed=step)
-    for served in await served_by_replicas_async(inference_app):
-        assert served[inference_app.model] == [2, 3, 4]
-    status, body = error_of(inference_app, {"model": f"{inference_app.model}@1", "messages": PROMPT})
+    for served_here in await served_by_replicas_async(inference_app):
+        assert served_here[inference_app.model] == new
+    status, body = error_of(inference_app, {"model": f"{inference_app.model}@{latest}", "messages": PROMPT})
     assert status == 404
 
 
