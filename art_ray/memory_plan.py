@@ -243,7 +243,8 @@ def plan_gpu_memory(
         # the packed rows' boolean [rows, 1, L, L] mask lives through the step; SDPA's memory-efficient
         # kernel turns it into an additive bias of the activations' dtype, kept by every layer's graph
         trainer_attention_mask=micro_batch_rows * sequence_length**2 * (1 + d * graphs),
-        # the loss takes log-probs at every position: bf16 logits plus fp32 buffers (LOGITS_FP32_BUFFERS)
+        # logits at the trained positions only (worker.py), which is every position in the worst case (a row
+        # of completions): bf16 logits plus fp32 buffers (LOGITS_FP32_BUFFERS)
         trainer_logits=tokens * shape.vocab_size * (d + 4 * LOGITS_FP32_BUFFERS),
     )  # fmt: skip
 
