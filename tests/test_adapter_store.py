@@ -6,7 +6,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import art_ray.serving.adapter_store as adapter_store
-from art_ray.serving.adapter_store import AdapterStore
+from art_ray.adapters.registry import AdapterVersion
+from art_ray.adapters.spec import LoRASpec
+from art_ray.serving.adapter_store import AdapterStore, LoadedVersion
 
 
 class FakeServingModels:  # vLLM's OpenAIServingModels, as far as unloading goes
@@ -14,7 +16,7 @@ class FakeServingModels:  # vLLM's OpenAIServingModels, as far as unloading goes
         self.lora_requests = {"m@1": SimpleNamespace(lora_int_id=1), "m@2": SimpleNamespace(lora_int_id=2)}
 
     async def unload_lora_adapter(self, request) -> None:
-        self.lora_requests.pop(request.lora_name)
+        self.lora_requests.pop(request.lora_name, None)
 
 
 class FakeEngine:
@@ -27,7 +29,8 @@ async def test_unloaded_folders_stay_for_the_grace_period(tmp_path, monkeypatch)
     folders = {step: tmp_path / f"m-{step}" for step in (1, 2)}
     for step, folder in folders.items():
         folder.mkdir()
-        store._loaded.setdefault("m", {})[step] = (f"ref{step}", folder)
+        record = AdapterVersion(model="m", step=step, base_model="base", lora=LoRASpec(), tensors=None)
+        store._loaded.setdefault("m", {})[step] = LoadedVersion(folder, record, f"ref{step}")
     now = [1000.0]
     monkeypatch.setattr(adapter_store.time, "monotonic", lambda: now[0])
     await store._unload("m", 1)
@@ -35,3 +38,8 @@ async def test_unloaded_folders_stay_for_the_grace_period(tmp_path, monkeypatch)
     now[0] += adapter_store.RETIRED_FOLDER_GRACE_S + 1
     await store._unload("m", 2)
     assert not folders[1].exists() and folders[2].is_dir()
+    checkpoint = tmp_path / "checkpoint"  # a folder loaded as it is (a checkpoint) is never retired
+    checkpoint.mkdir()
+    store._loaded["m"][3] = LoadedVersion(checkpoint)
+    await store._unload("m", 3)
+    assert checkpoint.is_dir() and all(folder != checkpoint for _, folder in store._retired)
