@@ -58,6 +58,10 @@ async def served_by_replicas_async(app) -> list[dict[str, list[int]]]:
     return await handle.broadcast("served_models").results_async(timeout_s=60)
 
 
+async def latest_served_step(app) -> int:
+    return max(step for models in await served_by_replicas_async(app) for step in models[app.model])
+
+
 def tokenizer(app):  # type: ignore[no-untyped-def]
     from transformers import AutoTokenizer
 
@@ -201,13 +205,12 @@ async def test_mixed_concurrent_requests_get_their_own_version(inference_app) ->
 
 async def test_old_versions_are_evicted_beyond_keep_versions(inference_app) -> None:
     """Three new steps (keep_versions) leave only them served, whatever this module published before."""
-    served = await served_by_replicas_async(inference_app)
-    latest = max(step for models in served for step in models[inference_app.model])
+    latest = await latest_served_step(inference_app)
     new = [latest + 1, latest + 2, latest + 3]
     for step in new:
         await published_step(inference_app, step, seed=step)
-    for served_here in await served_by_replicas_async(inference_app):
-        assert served_here[inference_app.model] == new
+    for served in await served_by_replicas_async(inference_app):
+        assert served[inference_app.model] == new
     status, body = error_of(inference_app, {"model": f"{inference_app.model}@{latest}", "messages": PROMPT})
     assert status == 404
 
@@ -252,8 +255,7 @@ async def test_a_crashed_registry_comes_back_with_its_versions_and_the_next_publ
     kept = await registry.kept_versions.remote()
     # versions no replica serves (other base models) die with the registry: put back afterwards
     held = [(version, await version.tensors) for version in kept if version.model != inference_app.model]
-    served = await served_by_replicas_async(inference_app)
-    latest = max(step for models in served for step in models[inference_app.model])
+    latest = await latest_served_step(inference_app)
     kept_here = {(v.model, v.step): await v.tensors for v in kept if v.model == inference_app.model}
     ray.kill(registry, no_restart=False)  # a crash: Ray restarts it, its subscriptions come from Serve
     try:
