@@ -72,6 +72,9 @@ class EngineConfig(pydantic.BaseModel):
         }
         if on_cpu:
             kwargs["kv_cache_memory_bytes"] = int(self.cpu_kvcache_space_gib * 2**30)
+            from art_ray.serving.cpu_kernels import IR_OP_PRIORITY  # loads torch, as the engine will
+
+            kwargs["ir_op_priority"] = {op: list(providers) for op, providers in IR_OP_PRIORITY.items()}
         block_size = self.block_size or (CPU_BLOCK_SIZE if on_cpu else None)
         if block_size is not None:
             kwargs["block_size"] = block_size
