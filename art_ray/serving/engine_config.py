@@ -74,6 +74,7 @@ class EngineConfig(pydantic.BaseModel):
             kwargs["kv_cache_memory_bytes"] = int(self.cpu_kvcache_space_gib * 2**30)
             from art_ray.serving.cpu_kernels import IR_OP_PRIORITY  # loads torch, as the engine will
 
+            # copies: vLLM extends these lists in place with its platform's fallback ("native")
             kwargs["ir_op_priority"] = {op: list(providers) for op, providers in IR_OP_PRIORITY.items()}
         block_size = self.block_size or (CPU_BLOCK_SIZE if on_cpu else None)
         if block_size is not None:
