@@ -54,6 +54,7 @@ def test_every_serving_setting_reaches_the_app() -> None:
         replica_cpus=2,
         replica_resources={"inference_node": 1},
         chat_template="{{ messages }}",
+        tool_strict_level="function",
         default_max_tokens=100,
         max_n=4,
     )
@@ -72,6 +73,7 @@ def test_every_serving_setting_reaches_the_app() -> None:
     )
     assert (serving.app_name, serving.route_prefix, serving.api_key) == ("app", "/x", "k")
     assert serving.tool_call_parser == "hermes"  # the family's parser when the user set none
+    assert serving.tool_strict_level == "function"
     assert trainer.settings == config and trainer.colocated and trainer.device == "cpu"
 
 

@@ -61,6 +61,12 @@ def test_vllm_namespace_accepts_every_engine_kwarg() -> None:
         ServingConfig(engine=EngineConfig(model="/m", device="cpu"), tool_call_parser="hermes")
     )
     assert tools.enable_auto_tool_choice is True and tools.tool_call_parser == "hermes"
+    # a forced call's arguments follow the tool's schema by default, `strict` or not (vLLM's own is "auto")
+    assert tools.tool_strict_level == "parameter"
+    frame_only = ServingConfig(engine=EngineConfig(model="/m", device="cpu"), tool_strict_level="function")
+    assert vllm_namespace(frame_only).tool_strict_level == "function"
+    with pytest.raises(pydantic.ValidationError, match="tool_strict_level"):
+        ServingConfig(engine=EngineConfig(model="/m", device="cpu"), tool_strict_level="strict")
     assert args.enable_auto_tool_choice is False
     compact = {"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}}
     structured = vllm_namespace(

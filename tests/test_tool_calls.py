@@ -71,9 +71,9 @@ def test_the_hermes_parser_reads_the_tool_calls_the_template_writes(tokenizer) -
 
 
 async def tool_trajectory(model, reward: float) -> Trajectory:
-    """One lookup call, its result, then an answer. "required" makes vLLM constrain the output to a call;
-    greedy, because vLLM's hermes grammar fixes the call's frame but not its arguments, where a 135M model
-    sampling at temperature 1 may wander off JSON."""
+    """One lookup call, its result, then an answer. "required" makes vLLM constrain the output to a call
+    whose arguments match the tool's schema (tool_strict_level "parameter"), so sampling at temperature 1
+    still gives a call the agent can run."""
     client = model.openai_client()
     first = (
         await client.chat.completions.create(
@@ -82,7 +82,7 @@ async def tool_trajectory(model, reward: float) -> Trajectory:
             tools=TOOLS,
             tool_choice="required",
             max_tokens=48,
-            temperature=0.0,
+            temperature=1.0,
         )
     ).choices[0]
     call = first.message.tool_calls[0]
@@ -137,3 +137,189 @@ async def test_a_tool_call_and_its_result_train_one_step(smollm2_model) -> None:
     metrics = model.last_train_metrics[0]
     assert metrics["data/step_trainable_tokens"] == sampled
     assert math.isfinite(metrics["loss/train"]) and metrics["loss/grad_norm"] > 0
+
+
+# --- what the tool-call grammar constrains (ModelConfig.tool_strict_level, default "parameter") ----------
+# The session app serves `tiny`, a random model: whatever it writes unconstrained is garbage, so every
+# well-formed call it makes is the grammar's doing. Tools as LangChain and most clients send them, without
+# `strict`. The grammar's JSON allows any whitespace between tokens (vLLM's disable_any_whitespace does not
+# reach tool-call grammars), and the random model fills it until max_tokens: the requests ban its
+# whitespace-only tokens (logit_bias) and ask for one call, and the schema bounds its integers, so a
+# constrained call ends in a few dozen tokens.
+
+ADD = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "integer", "minimum": 0, "maximum": 99},
+        "b": {"type": "integer", "minimum": 0, "maximum": 99},
+        "op": {"enum": ["plus", "minus"]},
+    },
+    "required": ["a", "b", "op"],
+    "additionalProperties": False,
+}
+ADD_TOOLS = [
+    {"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": ADD}}
+]
+ADD_QUESTION = [{"role": "user", "content": "Use the add tool to add 2 and 3."}]
+FORCED = {"required": "required", "named": {"type": "function", "function": {"name": "add"}}}
+
+
+@pytest.fixture(scope="module")
+def call_request(tokenizer) -> dict:
+    """The body of a call request to the random model, but for `tool_choice`."""
+    whitespace = [i for i in range(len(tokenizer)) if (text := tokenizer.decode([i])) and not text.strip()]
+    return {
+        "messages": ADD_QUESTION,
+        "tools": ADD_TOOLS,
+        "parallel_tool_calls": False,
+        "logit_bias": {str(i): -100 for i in whitespace},
+        "max_tokens": 96,
+        "temperature": 1.0,
+    }
+
+
+def assert_schema_valid(name: str, arguments: str) -> None:
+    import jsonschema
+
+    assert name == "add"
+    jsonschema.validate(json.loads(arguments), ADD)
+
+
+def tiny_client(app):  # noqa: ANN001, ANN201
+    import openai
+
+    return openai.AsyncOpenAI(base_url=app.base_url, api_key=app.api_key, max_retries=0)
+
+
+@pytest.mark.parametrize("mode", FORCED)
+async def test_forced_calls_to_non_strict_tools_match_the_schema_on_every_version(
+    inference_app, call_request, mode
+) -> None:
+    from conftest import CHECKPOINT_MODEL
+
+    client = tiny_client(inference_app)
+    # two LoRA versions (step 0 of the session's model, a trained checkpoint), n > 1, both replicas
+    for model in (inference_app.model, f"{CHECKPOINT_MODEL}@5"):
+        completion = await client.chat.completions.create(
+            model=model, tool_choice=FORCED[mode], n=4, **call_request
+        )
+        for choice in completion.choices:
+            # a named function finishes as "stop" (OpenAI's behaviour), "required" as "tool_calls"
+            assert choice.finish_reason in ("tool_calls", "stop") and choice.message.tool_calls, (
+                choice.message
+            )
+            for call in choice.message.tool_calls:
+                assert_schema_valid(call.function.name, call.function.arguments)
+
+
+@pytest.mark.parametrize("mode", FORCED)
+async def test_streamed_forced_calls_match_the_schema(inference_app, call_request, mode) -> None:
+    stream = await tiny_client(inference_app).chat.completions.create(
+        model=inference_app.model, tool_choice=FORCED[mode], n=2, stream=True, **call_request
+    )
+    calls: dict[tuple[int, int], list[str]] = {}  # (choice, call) -> [name, arguments]
+    finished = {}
+    async for chunk in stream:
+        for choice in chunk.choices:
+            for delta in choice.delta.tool_calls or []:
+                call = calls.setdefault((choice.index, delta.index), ["", ""])
+                call[0] += (delta.function and delta.function.name) or ""
+                call[1] += (delta.function and delta.function.arguments) or ""
+            if choice.finish_reason:
+                finished[choice.index] = choice.finish_reason
+    assert set(finished) == {0, 1} and set(finished.values()) <= {"tool_calls", "stop"}
+    assert {index for index, _ in calls} == {0, 1}
+    for name, arguments in calls.values():
+        assert_schema_valid(name, arguments)
+
+
+async def test_a_forced_call_in_a_capture_session_is_recorded_schema_valid(
+    inference_app, call_request
+) -> None:
+    from art_ray import Model
+
+    model = Model(
+        name=inference_app.model,
+        project="tools",
+        base_url=inference_app.base_url,
+        api_key=inference_app.api_key,
+    )
+    async with model.capture() as session:
+        await session.openai_client(max_retries=0).chat.completions.create(
+            model=model.name, tool_choice="required", **call_request
+        )
+        trajectory = await session.trajectory(reward=1.0)
+    (choice,) = trajectory.trainable_choices()
+    assert choice.message.tool_calls
+    for call in choice.message.tool_calls:
+        assert_schema_valid(call.function.name, call.function.arguments)
+    assert trajectory.tools == ADD_TOOLS
+
+
+async def test_auto_tool_choice_still_lets_the_model_answer_in_text(inference_app, call_request) -> None:
+    """The grammar applies once a call opens; under "auto" the random model does not open one."""
+    completion = await tiny_client(inference_app).chat.completions.create(
+        model=inference_app.model, tool_choice="auto", n=4, **{**call_request, "max_tokens": 16}
+    )
+    assert any(not choice.message.tool_calls and choice.message.content for choice in completion.choices)
+
+
+@pytest.mark.slow
+async def test_a_langgraph_forced_tool_call_round_trip_trains_a_step(smollm2_model) -> None:
+    """LangGraph over ChatOpenAI, as users write it: a forced call to a tool without `strict`, the tool runs
+    on the arguments LangChain parsed (it raises on arguments that are not the schema's object), then a text
+    answer; the capture session's trajectory trains a step."""
+    from langchain_core.messages import ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    model = smollm2_model.model
+    step = await model.get_step()
+
+    async def run(reward: float) -> tuple[list, Trajectory]:
+        async with model.capture() as session:
+            llm = ChatOpenAI(
+                model=session.model,
+                base_url=session.base_url,
+                api_key=session.api_key,
+                temperature=1.0,
+                max_tokens=32,
+            )
+
+            async def agent(state: MessagesState) -> dict:
+                called = any(message.type == "tool" for message in state["messages"])
+                bound = llm.bind_tools([add], tool_choice="none" if called else "required")
+                return {"messages": [await bound.ainvoke(state["messages"])]}
+
+            def tools(state: MessagesState) -> dict:
+                calls = state["messages"][-1].tool_calls
+                return {
+                    "messages": [ToolMessage(str(add.invoke(c["args"])), tool_call_id=c["id"]) for c in calls]
+                }
+
+            graph = StateGraph(MessagesState)
+            graph.add_node("agent", agent)
+            graph.add_node("tools", tools)
+            graph.add_edge(START, "agent")
+            graph.add_conditional_edges("agent", lambda s: "tools" if s["messages"][-1].tool_calls else END)
+            graph.add_edge("tools", "agent")
+            state = await graph.compile().ainvoke(
+                {"messages": [("user", "Use the add tool to add 2 and 3.")]}, {"recursion_limit": 6}
+            )
+            return state["messages"], await session.trajectory(reward=reward)
+
+    runs = [await run(reward) for reward in (0.0, 1.0)]
+    for messages, trajectory in runs:
+        assert [m.type for m in messages] == ["human", "ai", "tool", "ai"]
+        call = messages[1].tool_calls[0]
+        assert not messages[1].invalid_tool_calls and call["name"] == "add"
+        assert messages[2].content == str(call["args"]["a"] + call["args"]["b"])
+        assert len(trajectory.trainable_choices()) == 2
+    assert await model.train([TrajectoryGroup([t for _, t in runs])], verbose=False) == step + 1
+    assert await model.get_step() == step + 1

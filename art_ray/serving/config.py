@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pydantic
 
-from art_ray.model_config import ReplicaAutoscaling
+from art_ray.model_config import ReplicaAutoscaling, ToolStrictLevel
 from art_ray.placement import NodeShape, resolve_device, role_nodes
 from art_ray.serving.engine_config import EngineConfig
 
@@ -56,6 +56,8 @@ class ServingConfig(pydantic.BaseModel):
     # (a path or the template text) when the model's own does not render `tools`.
     tool_call_parser: str | None = None
     chat_template: str | None = None
+    # What a tool call's grammar pins (ModelConfig.tool_strict_level): "parameter", the arguments too.
+    tool_strict_level: ToolStrictLevel = "parameter"
     # LoRA versions of each model kept loaded per replica; older versions are evicted.
     keep_versions: int = pydantic.Field(default=3, ge=1)
     # Node-local folder where replicas write adapter files for vLLM (no shared filesystem needed).

@@ -22,7 +22,10 @@ def vllm_namespace(config: ServingConfig) -> Namespace:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     engine_kwargs = config.engine.vllm_kwargs()
-    args = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", engine_kwargs["model"]])
+    # settings vLLM's parser checks (choices) go through it; the rest are set on the namespace it returns
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(
+        ["--model", engine_kwargs["model"], "--tool-strict-level", config.tool_strict_level]
+    )
     for key, value in engine_kwargs.items():
         if not hasattr(args, key):
             raise ValueError(f"unknown vLLM engine argument {key!r}")

@@ -229,8 +229,9 @@ MESSAGE_ID = {"type": "string", "pattern": "^m[0-9]{4}$"}
 
 
 def _tool(name: str, description: str, properties: dict) -> dict:
-    """A strict tool: vLLM's tool-call grammar pins the arguments to the schema, not only the call's frame
-    (a 135M model otherwise writes the schema itself, or runs past max_tokens, in place of arguments)."""
+    """A tool as clients send it, without `strict`: the endpoint's tool-call grammar pins a call's arguments
+    to this schema all the same (ModelConfig.tool_strict_level="parameter", the default), so the bounds
+    here (lengths, id pattern, item counts) are what keeps a 135M model's calls short and well-formed."""
     parameters = {
         "type": "object",
         "properties": properties,
@@ -239,7 +240,7 @@ def _tool(name: str, description: str, properties: dict) -> dict:
     }
     return {
         "type": "function",
-        "function": {"name": name, "description": description, "parameters": parameters, "strict": True},
+        "function": {"name": name, "description": description, "parameters": parameters},
     }
 
 
