@@ -81,6 +81,7 @@ async def tool_trajectory(model, reward: float) -> Trajectory:
             messages=QUESTION,
             tools=TOOLS,
             tool_choice="required",
+            parallel_tool_calls=False,  # one call: a second one cut off by max_tokens would void both
             max_tokens=48,
             temperature=1.0,
         )
@@ -287,14 +288,16 @@ async def test_a_langgraph_forced_tool_call_round_trip_trains_a_step(smollm2_mod
             llm = ChatOpenAI(
                 model=session.model,
                 base_url=session.base_url,
-                api_key=session.api_key,
+                api_key=session.api_key or "unused",  # the fixture's endpoint has no key
                 temperature=1.0,
-                max_tokens=32,
+                max_tokens=48,
             )
 
             async def agent(state: MessagesState) -> dict:
                 called = any(message.type == "tool" for message in state["messages"])
-                bound = llm.bind_tools([add], tool_choice="none" if called else "required")
+                bound = llm.bind_tools(
+                    [add], tool_choice="none" if called else "required", parallel_tool_calls=False
+                )
                 return {"messages": [await bound.ainvoke(state["messages"])]}
 
             def tools(state: MessagesState) -> dict:

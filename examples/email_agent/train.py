@@ -57,6 +57,9 @@ async def rollout(model: TrainableModel, scenario: Scenario, temperature: float)
                 messages=art_ray.get_messages(messages),
                 tools=TOOLS,
                 tool_choice=LAST_TURN if turns == MAX_TURNS else "required",
+                # one call a turn: a 135M model asked for calls may keep writing them until max_tokens, and
+                # a cut-off second call makes vLLM's parser return the whole reply as text
+                parallel_tool_calls=False,
                 max_tokens=MAX_TOKENS,
                 temperature=temperature,
             )

@@ -58,9 +58,9 @@ async def email_agent(
     async def agent(state: MessagesState) -> dict:
         seen["turns"] += 1
         choice = LAST_TURN if seen["turns"] == MAX_TURNS else "required"
-        return {
-            "messages": [await llm.bind_tools(inbox.TOOLS, tool_choice=choice).ainvoke(state["messages"])]
-        }
+        # one call a turn (examples/email_agent/train.py says why)
+        bound = llm.bind_tools(inbox.TOOLS, tool_choice=choice, parallel_tool_calls=False)
+        return {"messages": [await bound.ainvoke(state["messages"])]}
 
     def tools(state: MessagesState) -> dict:
         results = []
