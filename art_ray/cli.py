@@ -42,23 +42,21 @@ def _connect(address: str | None) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     import yaml
-    from ray import serve
     from ray.serve.schema import ServeDeploySchema
 
+    from art_ray.serve_deploy import proxy_url, run_app, start_serve
     from art_ray.serving.entrypoint import app_builder
 
     schema = ServeDeploySchema.model_validate(yaml.safe_load(Path(args.config).read_text()))
     _connect(args.address)
-    http = schema.http_options
-    serve.start(http_options={"host": http.host, "port": http.port})
+    listening = start_serve(schema.http_options.host, schema.http_options.port)
     for app in schema.applications:
         if app.import_path != "art_ray.serving.entrypoint:app_builder":
             print(f"skipping {app.name}: not an art-ray app ({app.import_path})", file=sys.stderr)
             continue
         built = app_builder(app.args)
-        serve.run(built, name=app.name, route_prefix=app.route_prefix)
-        prefix = (app.route_prefix or "/").rstrip("/")
-        print(f"{app.name}: http://{http.host}:{http.port}{prefix}/v1", flush=True)
+        run_app(built, name=app.name, route_prefix=app.route_prefix or "/")
+        print(f"{app.name}: {proxy_url(*listening, app.route_prefix or '/')}/v1", flush=True)
     return 0
 
 

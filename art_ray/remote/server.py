@@ -280,12 +280,10 @@ def start_training_server(
 ) -> str:
     """Deploy the training routes on the connected cluster's Serve and return the server's base URL (what
     `HTTPBackend(base_url)` takes). Refuses to run without an API key where other hosts can reach it."""
-    from ray.serve.context import _get_global_client
+    from art_ray.serve_deploy import proxy_url, run_app, start_serve
 
     require_auth_off_localhost(host, config.api_key)  # before Serve listens anywhere
-    serve.start(http_options={"host": host, "port": port})
-    http = _get_global_client().http_config  # a running Serve keeps the options it started with
-    require_auth_off_localhost(http.host, config.api_key)
-    serve.run(TrainingServer.bind(config.model_dump()), name=app_name, route_prefix=route_prefix)
-    url_host = "127.0.0.1" if http.host in ("0.0.0.0", "::", "") else http.host
-    return f"http://{url_host}:{http.port}"
+    listening = start_serve(host, port)  # a running Serve keeps the options it started with
+    require_auth_off_localhost(listening[0], config.api_key)
+    run_app(TrainingServer.bind(config.model_dump()), name=app_name, route_prefix=route_prefix)
+    return proxy_url(*listening)

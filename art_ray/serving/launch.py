@@ -5,6 +5,7 @@ from __future__ import annotations
 import ray
 from ray import serve
 
+from art_ray.serve_deploy import proxy_url, run_app, start_serve
 from art_ray.serving.config import ServingConfig
 from art_ray.serving.replica import build_inference_app
 
@@ -17,16 +18,12 @@ def start_inference(config: ServingConfig, host: str = DEFAULT_HOST, port: int =
 
     Serve keeps the HTTP options it was first started with on a cluster, so when it already runs the
     URL names where its proxy really listens, not `host`/`port`."""
-    from ray.serve.context import _get_global_client
-
     from art_ray.placement import cluster_shapes
 
     config = config.placed(cluster_shapes())
-    serve.start(http_options={"host": host, "port": port})
-    serve.run(build_inference_app(config), name=config.app_name, route_prefix=config.route_prefix)
-    http = _get_global_client().http_config
-    url_host = "127.0.0.1" if http.host in ("0.0.0.0", "::", "") else http.host
-    return f"http://{url_host}:{http.port}{config.route_prefix.rstrip('/')}/v1"
+    listening = start_serve(host, port)
+    run_app(build_inference_app(config), name=config.app_name, route_prefix=config.route_prefix)
+    return proxy_url(*listening, config.route_prefix) + "/v1"
 
 
 def stop_inference(app_name: str) -> None:

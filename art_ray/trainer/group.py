@@ -52,6 +52,8 @@ class TrainerGroup:
         self._placement_group = placement_group([bundle] * config.settings.world_size, strategy="PACK")
         # CPU ranks on every core pin a thread per core; a GPU rank only caps its host threads
         env = trainer_openmp_env(config.threads) if config.device == "cpu" or config.threads else {}
+        # the plan decided the device: DeepSpeed's own probe would warn that it "was unable to detect" a GPU
+        env["DS_ACCELERATOR"] = "cpu" if config.device == "cpu" else "cuda"
         self.workers = [
             ray.remote(concurrency_groups={ADAPTER_GROUP: 1, CHECKPOINT_GROUP: 1})(TrainerWorker)
             .options(
