@@ -96,6 +96,12 @@ class ModelConfig(pydantic.BaseModel):
     # applies. Measured with SmolLM2-135M: forced calls to non-strict tools matched their schema 0 of 12
     # times at "auto", which is why art-ray's default is "parameter".
     tool_strict_level: ToolStrictLevel = "parameter"
+    # The longest run of whitespace a tool call's JSON may have between two tokens (xgrammar's
+    # max_whitespace_cnt; None: any, vLLM's own). vLLM's call grammar allows any, and a small model sampling
+    # a call could write whitespace until max_tokens (SmolLM2 at temperature 0.7, 1 of 24 email-agent
+    # episodes). 4 keeps one level of pretty-printing ("\n  "); compact JSON, as templates render calls,
+    # needs 1.
+    tool_call_max_whitespace: int | None = pydantic.Field(default=4, ge=1)
 
     @property
     def replicas_at_start(self) -> int:

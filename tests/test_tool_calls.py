@@ -143,10 +143,9 @@ async def test_a_tool_call_and_its_result_train_one_step(smollm2_model) -> None:
 # --- what the tool-call grammar constrains (ModelConfig.tool_strict_level, default "parameter") ----------
 # The session app serves `tiny`, a random model: whatever it writes unconstrained is garbage, so every
 # well-formed call it makes is the grammar's doing. Tools as LangChain and most clients send them, without
-# `strict`. The grammar's JSON allows any whitespace between tokens (vLLM's disable_any_whitespace does not
-# reach tool-call grammars), and the random model fills it until max_tokens: the requests ban its
-# whitespace-only tokens (logit_bias) and ask for one call, and the schema bounds its integers, so a
-# constrained call ends in a few dozen tokens.
+# `strict`. The calls' JSON allows at most 4 whitespace characters in a row (tool_call_max_whitespace; with
+# vLLM's unbounded whitespace the random model writes whitespace until max_tokens), the schema bounds its
+# integers and the requests ask for one call, so a constrained call ends in a few dozen tokens.
 
 ADD = {
     "type": "object",
@@ -165,18 +164,13 @@ ADD_QUESTION = [{"role": "user", "content": "Use the add tool to add 2 and 3."}]
 FORCED = {"required": "required", "named": {"type": "function", "function": {"name": "add"}}}
 
 
-@pytest.fixture(scope="module")
-def call_request(tokenizer) -> dict:
-    """The body of a call request to the random model, but for `tool_choice`."""
-    whitespace = [i for i in range(len(tokenizer)) if (text := tokenizer.decode([i])) and not text.strip()]
-    return {
-        "messages": ADD_QUESTION,
-        "tools": ADD_TOOLS,
-        "parallel_tool_calls": False,
-        "logit_bias": {str(i): -100 for i in whitespace},
-        "max_tokens": 96,
-        "temperature": 1.0,
-    }
+CALL_REQUEST = {
+    "messages": ADD_QUESTION,
+    "tools": ADD_TOOLS,
+    "parallel_tool_calls": False,
+    "max_tokens": 96,
+    "temperature": 1.0,
+}
 
 
 def assert_schema_valid(name: str, arguments: str) -> None:
@@ -194,7 +188,7 @@ def tiny_client(app):  # noqa: ANN001, ANN201
 
 @pytest.mark.parametrize("mode", FORCED)
 async def test_forced_calls_to_non_strict_tools_match_the_schema_on_every_version(
-    inference_app, call_request, mode
+    inference_app, mode
 ) -> None:
     from conftest import CHECKPOINT_MODEL
 
@@ -202,7 +196,7 @@ async def test_forced_calls_to_non_strict_tools_match_the_schema_on_every_versio
     # two LoRA versions (step 0 of the session's model, a trained checkpoint), n > 1, both replicas
     for model in (inference_app.model, f"{CHECKPOINT_MODEL}@5"):
         completion = await client.chat.completions.create(
-            model=model, tool_choice=FORCED[mode], n=4, **call_request
+            model=model, tool_choice=FORCED[mode], n=4, **CALL_REQUEST
         )
         for choice in completion.choices:
             # a named function finishes as "stop" (OpenAI's behaviour), "required" as "tool_calls"
@@ -214,9 +208,9 @@ async def test_forced_calls_to_non_strict_tools_match_the_schema_on_every_versio
 
 
 @pytest.mark.parametrize("mode", FORCED)
-async def test_streamed_forced_calls_match_the_schema(inference_app, call_request, mode) -> None:
+async def test_streamed_forced_calls_match_the_schema(inference_app, mode) -> None:
     stream = await tiny_client(inference_app).chat.completions.create(
-        model=inference_app.model, tool_choice=FORCED[mode], n=2, stream=True, **call_request
+        model=inference_app.model, tool_choice=FORCED[mode], n=2, stream=True, **CALL_REQUEST
     )
     calls: dict[tuple[int, int], list[str]] = {}  # (choice, call) -> [name, arguments]
     finished = {}
@@ -234,9 +228,7 @@ async def test_streamed_forced_calls_match_the_schema(inference_app, call_reques
         assert_schema_valid(name, arguments)
 
 
-async def test_a_forced_call_in_a_capture_session_is_recorded_schema_valid(
-    inference_app, call_request
-) -> None:
+async def test_a_forced_call_in_a_capture_session_is_recorded_schema_valid(inference_app) -> None:
     from art_ray import Model
 
     model = Model(
@@ -247,7 +239,7 @@ async def test_a_forced_call_in_a_capture_session_is_recorded_schema_valid(
     )
     async with model.capture() as session:
         await session.openai_client(max_retries=0).chat.completions.create(
-            model=model.name, tool_choice="required", **call_request
+            model=model.name, tool_choice="required", **CALL_REQUEST
         )
         trajectory = await session.trajectory(reward=1.0)
     (choice,) = trajectory.trainable_choices()
@@ -257,10 +249,10 @@ async def test_a_forced_call_in_a_capture_session_is_recorded_schema_valid(
     assert trajectory.tools == ADD_TOOLS
 
 
-async def test_auto_tool_choice_still_lets_the_model_answer_in_text(inference_app, call_request) -> None:
+async def test_auto_tool_choice_still_lets_the_model_answer_in_text(inference_app) -> None:
     """The grammar applies once a call opens; under "auto" the random model does not open one."""
     completion = await tiny_client(inference_app).chat.completions.create(
-        model=inference_app.model, tool_choice="auto", n=4, **{**call_request, "max_tokens": 16}
+        model=inference_app.model, tool_choice="auto", n=4, **{**CALL_REQUEST, "max_tokens": 16}
     )
     assert any(not choice.message.tool_calls and choice.message.content for choice in completion.choices)
 

@@ -58,6 +58,8 @@ class ServingConfig(pydantic.BaseModel):
     chat_template: str | None = None
     # What a tool call's grammar pins (ModelConfig.tool_strict_level): "parameter", the arguments too.
     tool_strict_level: ToolStrictLevel = "parameter"
+    # The longest run of whitespace between a tool call's JSON tokens (ModelConfig.tool_call_max_whitespace)
+    tool_call_max_whitespace: int | None = pydantic.Field(default=4, ge=1)
     # LoRA versions of each model kept loaded per replica; older versions are evicted.
     keep_versions: int = pydantic.Field(default=3, ge=1)
     # Node-local folder where replicas write adapter files for vLLM (no shared filesystem needed).

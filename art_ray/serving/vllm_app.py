@@ -57,6 +57,12 @@ async def build_engine_and_app(config: ServingConfig) -> tuple[Any, Any]:
 
     config.engine.apply_env()
     args = vllm_namespace(config)
+    if args.tool_call_parser and config.tool_call_max_whitespace is not None:
+        from art_ray.serving.tool_grammar import bounded_whitespace_parser
+
+        args.tool_call_parser = bounded_whitespace_parser(
+            args.tool_call_parser, config.tool_call_max_whitespace
+        )
     engine_args = AsyncEngineArgs.from_cli_args(args)
     vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     engine = AsyncLLM.from_vllm_config(
