@@ -93,8 +93,8 @@ class ModelConfig(pydantic.BaseModel):
     # only the call's frame (a known tool name, JSON arguments of any shape) unless a tool says `strict`;
     # "auto": vLLM's own default (the frame only for forced calls, nothing for tool_choice="auto"). Under
     # tool_choice="auto" the model may still answer in text at every level; once it opens a call, the level
-    # applies. Measured with SmolLM2-135M: forced calls to non-strict tools matched their schema 0 of 12
-    # times at "auto", which is why art-ray's default is "parameter".
+    # applies. Measured with SmolLM2-135M: forced calls to non-strict tools matched their schema in 0 of 24
+    # requests at "auto", which is why art-ray's default is "parameter".
     tool_strict_level: ToolStrictLevel = "parameter"
     # The longest run of whitespace a tool call's JSON may have between two tokens (xgrammar's
     # max_whitespace_cnt; None: any, vLLM's own). vLLM's call grammar allows any, and a small model sampling
