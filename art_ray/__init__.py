@@ -1,7 +1,8 @@
 """art-ray: train LLM agents with reinforcement learning on Ray (an ART-compatible API).
 
-`import art_ray` loads the SDK's types, configs and the HTTPBackend (pydantic, openai, httpx), never torch,
-ray, vllm or deepspeed: a driver that trains through a training server needs none of them. What needs Ray
+`import art_ray` loads the SDK's types, configs and the HTTPBackend (pydantic, httpx), never torch, ray,
+vllm, deepspeed, or openai until a Choice or a client is needed: a driver that trains through a training
+server needs none of them. What needs Ray
 or pyarrow (RayBackend, remote_rollout, the Parquet helpers) is imported on first use.
 """
 
