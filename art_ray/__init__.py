@@ -2,8 +2,8 @@
 
 `import art_ray` loads the SDK's types, configs and the HTTPBackend (pydantic, httpx), never torch, ray,
 vllm, deepspeed, or openai until a Choice or a client is needed: a driver that trains through a training
-server needs none of them. What needs Ray
-or pyarrow (RayBackend, remote_rollout, the Parquet helpers) is imported on first use.
+server needs none of them. What needs Ray or pyarrow (RayBackend, remote_rollout, the Parquet helpers) is
+imported on first use.
 """
 
 from __future__ import annotations

@@ -55,8 +55,9 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"skipping {app.name}: not an art-ray app ({app.import_path})", file=sys.stderr)
             continue
         built = app_builder(app.args)
-        run_app(built, name=app.name, route_prefix=app.route_prefix or "/")
-        print(f"{app.name}: {proxy_url(*listening, app.route_prefix or '/')}/v1", flush=True)
+        route_prefix = app.route_prefix or "/"
+        run_app(built, name=app.name, route_prefix=route_prefix)
+        print(f"{app.name}: {proxy_url(*listening, route_prefix)}/v1", flush=True)
     return 0
 
 
