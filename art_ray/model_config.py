@@ -70,6 +70,13 @@ class ModelConfig(pydantic.BaseModel):
     # None: num_replicas, fixed; set: Serve scales the replicas between its min and max (num_replicas unused)
     autoscaling: ReplicaAutoscaling | None = None
     max_model_len: int = pydantic.Field(default=2048, ge=16)
+    # The sequences an engine runs at once (vLLM's max_num_seqs); more wait in its queue.
+    max_num_seqs: int = pydantic.Field(default=64, ge=1)
+    # CPU engines: the KV cache in tokens, allocated whole when the engine starts. None: the run's need,
+    # max_num_seqs conversations of sequence_length tokens (no longer one can be trained), at least one of
+    # max_model_len. A smaller cache only makes sequences wait (vLLM preempts and recomputes them). GPU
+    # engines fill what gpu_memory_utilization leaves.
+    kv_cache_tokens: int | None = pydantic.Field(default=None, ge=16)
     # per-request limits of the endpoint: tokens when a request names no max_tokens, and the largest `n`
     default_max_tokens: int = pydantic.Field(default=1024, ge=1)
     max_n: int = pydantic.Field(default=128, ge=1)

@@ -35,7 +35,9 @@ def serving_config(
         max_lora_rank=config.lora.r,
         max_loras=max(EngineConfig.model_fields["max_loras"].default, config.keep_versions),
         threads=plan.engine_threads,
-        **config.model_dump(include=_shared(EngineConfig)),
+        kv_cache_tokens=config.kv_cache_tokens
+        or max(config.max_num_seqs * min(config.sequence_length, config.max_model_len), config.max_model_len),
+        **config.model_dump(include=_shared(EngineConfig) - {"kv_cache_tokens"}),
     )
     return ServingConfig(
         engine=engine,

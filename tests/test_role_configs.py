@@ -77,6 +77,21 @@ def test_every_serving_setting_reaches_the_app() -> None:
     assert trainer.settings == config and trainer.colocated and trainer.device == "cpu"
 
 
+def test_the_kv_cache_holds_the_runs_need() -> None:
+    """max_num_seqs conversations of sequence_length tokens (no longer one trains), at least one of
+    max_model_len; a value the user gives wins."""
+    shapes = [node("box", 2)]
+    demo = ModelConfig(sequence_length=256, max_model_len=512, max_num_seqs=32)
+    assert build(demo, shapes)[0].engine.kv_cache_tokens == 32 * 256
+    assert build(demo, shapes)[0].engine.max_num_seqs == 32
+    short = ModelConfig(sequence_length=4096, max_model_len=1024, max_num_seqs=2)
+    assert build(short, shapes)[0].engine.kv_cache_tokens == 2 * 1024
+    few = ModelConfig(sequence_length=64, max_model_len=1024, max_num_seqs=1)
+    assert build(few, shapes)[0].engine.kv_cache_tokens == 1024
+    given = ModelConfig(kv_cache_tokens=5000)
+    assert build(given, shapes)[0].engine.kv_cache_tokens == 5000
+
+
 def test_a_gpu_plan_gives_gpu_engine_and_trainer_settings() -> None:
     config = ModelConfig(
         layout="split", tensor_parallel_size=2, gpu_memory_utilization=0.7, tool_call_parser="x"

@@ -19,7 +19,6 @@ def test_engine_kwargs_for_cpu_and_gpu() -> None:
     assert "tensor_parallel_size" not in cpu.vllm_kwargs()
     assert cpu.vllm_kwargs()["block_size"] == 32
     assert EngineConfig(model="/m", device="cpu", block_size=128).vllm_kwargs()["block_size"] == 128
-    assert cpu.vllm_kwargs()["kv_cache_memory_bytes"] == 2**30
     small_cache = EngineConfig(model="/m", device="cpu", cpu_kvcache_space_gib=0.125)
     assert small_cache.vllm_kwargs()["kv_cache_memory_bytes"] == 2**27
     assert cpu.env_vars() == {
@@ -48,6 +47,38 @@ def test_engine_kwargs_for_cpu_and_gpu() -> None:
     assert kwargs["enforce_eager"] is False
     assert "block_size" not in kwargs and "kv_cache_memory_bytes" not in kwargs
     assert gpu.env_vars() == {}
+
+
+def test_cpu_kv_cache_is_sized_in_tokens() -> None:
+    # 64 sequences of 2048 tokens by default, at 1000 bytes a token, rounded up to whole 32-token blocks
+    assert EngineConfig(model="/m", device="cpu").cpu_kv_cache_bytes(1000) == 64 * 2048 * 1000
+    sized = EngineConfig(model="/m", device="cpu", max_model_len=512, kv_cache_tokens=1000)
+    assert sized.cpu_kv_cache_bytes(10) == 1024 * 10
+    # never under one max_model_len sequence: vLLM refuses to start below it
+    assert (
+        EngineConfig(model="/m", device="cpu", max_model_len=512, kv_cache_tokens=16).cpu_kv_cache_bytes(1)
+        == 512
+    )
+    gib = EngineConfig(model="/m", device="cpu", kv_cache_tokens=1000, cpu_kvcache_space_gib=0.25)
+    assert gib.cpu_kv_cache_bytes(10) == 2**28
+
+
+def test_kv_cache_bytes_per_token_from_the_engine_config() -> None:
+    """What vLLM's own config says a token of the tiny model's cache takes: a key and a value per layer."""
+    import json
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from art_ray.models import resolve_base_model
+    from art_ray.serving.vllm_app import kv_cache_bytes_per_token, vllm_namespace
+
+    base_model = resolve_base_model("tiny")
+    config = ServingConfig(engine=EngineConfig(model=base_model, device="cpu", max_model_len=256, threads=1))
+    vllm_config = AsyncEngineArgs.from_cli_args(vllm_namespace(config)).create_engine_config()
+    shape = json.loads((Path(base_model) / "config.json").read_text())
+    head_dim = shape.get("head_dim") or shape["hidden_size"] // shape["num_attention_heads"]
+    expected = shape["num_hidden_layers"] * 2 * shape["num_key_value_heads"] * head_dim * 4  # float32
+    assert kv_cache_bytes_per_token(vllm_config) == expected
 
 
 def test_vllm_namespace_accepts_every_engine_kwarg() -> None:

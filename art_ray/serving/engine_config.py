@@ -39,11 +39,14 @@ class EngineConfig(pydantic.BaseModel):
     # GPU only
     tensor_parallel_size: int = pydantic.Field(default=1, ge=1)
     gpu_memory_utilization: float = pydantic.Field(default=0.85, gt=0, le=1)
-    # CPU only: KV cache size in GiB (vLLM's kv_cache_memory_bytes; its VLLM_CPU_KVCACHE_SPACE takes whole
-    # GiB only, and the tiny model's engines need a fraction), and vLLM's VLLM_CPU_OMP_THREADS_BIND ("auto",
-    # "nobind", "0-3"); None: art-ray pins one worker thread per core when the engine has every core
-    # (art_ray/cpu_threads.py).
-    cpu_kvcache_space_gib: float = pydantic.Field(default=1.0, gt=0)
+    # CPU only: the KV cache, allocated whole at start (vLLM zeroes it), in tokens: None is max_num_seqs
+    # sequences of max_model_len (a model's serving config passes the model's own need,
+    # ModelConfig.kv_cache_tokens). cpu_kvcache_space_gib gives it in GiB instead (vLLM's
+    # kv_cache_memory_bytes; its VLLM_CPU_KVCACHE_SPACE takes whole GiB only).
+    kv_cache_tokens: int | None = pydantic.Field(default=None, ge=16)
+    cpu_kvcache_space_gib: float | None = pydantic.Field(default=None, gt=0)
+    # CPU only: vLLM's VLLM_CPU_OMP_THREADS_BIND ("auto", "nobind", "0-3"); None: art-ray pins one worker
+    # thread per core when the engine has every core (art_ray/cpu_threads.py).
     cpu_threads_bind: str | None = None
     # CPU threads of the engine's torch ops (ModelConfig.engine_threads); None: every core of the node the
     # replica runs on.
@@ -71,7 +74,9 @@ class EngineConfig(pydantic.BaseModel):
             "seed": self.seed,
         }
         if on_cpu:
-            kwargs["kv_cache_memory_bytes"] = int(self.cpu_kvcache_space_gib * 2**30)
+            # a placeholder until the engine's config knows the bytes a token takes (cpu_kv_cache_bytes):
+            # without a size, vLLM's CPU worker sizes the cache from the node's free memory
+            kwargs["kv_cache_memory_bytes"] = int((self.cpu_kvcache_space_gib or 1.0) * 2**30)
             from art_ray.serving.cpu_kernels import IR_OP_PRIORITY  # loads torch, as the engine will
 
             # copies: vLLM extends these lists in place with its platform's fallback ("native")
@@ -86,6 +91,14 @@ class EngineConfig(pydantic.BaseModel):
                 kwargs["enable_sleep_mode"] = True
         kwargs.update(self.extra_engine_kwargs)
         return kwargs
+
+    def cpu_kv_cache_bytes(self, bytes_per_token: int) -> int:
+        """The CPU KV cache in bytes, given what one token of it takes (the engine's own config knows)."""
+        if self.cpu_kvcache_space_gib is not None:
+            return int(self.cpu_kvcache_space_gib * 2**30)
+        block = self.block_size or CPU_BLOCK_SIZE
+        tokens = max(self.kv_cache_tokens or self.max_num_seqs * self.max_model_len, self.max_model_len)
+        return -(-tokens // block) * block * bytes_per_token
 
     def env_vars(self) -> dict[str, str]:
         """Environment the engine process needs before vLLM is imported there; computed on the node

@@ -47,6 +47,17 @@ def vllm_namespace(config: ServingConfig) -> Namespace:
     return args
 
 
+def kv_cache_bytes_per_token(vllm_config: Any) -> int:
+    """A key and a value per layer, for this engine's shape and cache dtype (fp8 caches: one byte)."""
+    import torch
+
+    model, parallel = vllm_config.model_config, vllm_config.parallel_config
+    dtype = model.dtype if vllm_config.cache_config.cache_dtype == "auto" else torch.uint8
+    element = torch.empty((), dtype=dtype).element_size()
+    per_layer = 2 * model.get_num_kv_heads(parallel) * model.get_head_size() * element
+    return model.get_num_layers(parallel) * per_layer
+
+
 async def build_engine_and_app(config: ServingConfig) -> tuple[Any, Any]:
     """Start an AsyncLLM and build vLLM's FastAPI app around it; returns (engine, app)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -65,6 +76,10 @@ async def build_engine_and_app(config: ServingConfig) -> tuple[Any, Any]:
         )
     engine_args = AsyncEngineArgs.from_cli_args(args)
     vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    if config.engine.resolved_device == "cpu":
+        vllm_config.cache_config.kv_cache_memory_bytes = config.engine.cpu_kv_cache_bytes(
+            kv_cache_bytes_per_token(vllm_config)
+        )
     engine = AsyncLLM.from_vllm_config(
         vllm_config=vllm_config,
         usage_context=UsageContext.OPENAI_API_SERVER,
