@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -19,6 +20,7 @@ from art_ray.models import default_tool_call_parser, resolve_base_model
 from art_ray.placement import ModelPlan, PlacementError, cluster_shapes, plan_model, wait_placeable
 from art_ray.role_configs import serving_config, trainer_config
 from art_ray.serving.config import ServingConfig
+from art_ray.startup import side_by_side
 from art_ray.tracking import Tracker, group_metrics, save_trajectories
 from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.train_result import TrainEvent, TrainResult
@@ -156,6 +158,7 @@ class RayBackend:
         from art_ray.serving.launch import start_inference
         from art_ray.trainer.group import TrainerGroup
 
+        started = time.monotonic()
         self._connect()
         base_model = resolve_base_model(model.base_model)
         running = self._trainers.get(model.name)
@@ -184,14 +187,12 @@ class RayBackend:
             model.config.placement_timeout_s,
         )
         print(f"art-ray: {model.name}: {plan.describe()}", flush=True)
+        parts: dict[str, Awaitable[Any]] = {}
         if self._base_model is None:
             config = self._serving_config(model, base_model, plan)
-            # in a thread: deploying waits for the engines (~30 s on CPU), and a training server's event
-            # loop keeps answering meanwhile
-            self.base_url = await asyncio.to_thread(start_inference, config, self.host, self.port)
-            self._base_model = base_model
-            self._max_lora_rank = config.engine.max_lora_rank
-            self._layout = plan.layout
+            # in a thread: deploying waits for the engines, and a training server's event loop keeps
+            # answering meanwhile
+            parts["inference app"] = asyncio.to_thread(start_inference, config, self.host, self.port)
         elif base_model != self._base_model:
             raise BackendError(
                 f"this backend serves {self._base_model}; models on another base model need a backend of "
@@ -207,16 +208,41 @@ class RayBackend:
                 f"model {model.name!r} plans layout {plan.layout!r} but this backend's engines run "
                 f"{self._layout!r} (set by the first model registered): set ModelConfig.layout"
             )
+        trainer = None
         if model.name not in self._trainers:
             trainer = TrainerGroup(
                 self._trainer_config(model, base_model, plan),
                 placement_timeout_s=model.config.placement_timeout_s,
             )
-            await trainer.start()
-            self._trainers[model.name] = trainer
+            parts["trainer"] = trainer.prepare()
         if model.name not in self._trackers:
             tracking_uri = model.tracking_uri or self.tracking_uri
-            self._trackers[model.name] = Tracker(model.project, model.name, tracking_uri)
+            parts["MLflow"] = asyncio.to_thread(Tracker, model.project, model.name, tracking_uri)
+        results = await side_by_side(parts, lambda line: print(f"art-ray: {model.name}: {line}", flush=True))
+        if isinstance(url := results.get("inference app"), str):
+            self.base_url = url
+            self._base_model = base_model
+            self._max_lora_rank = config.engine.max_lora_rank
+            self._layout = plan.layout
+        if isinstance(tracker := results.get("MLflow"), Tracker):
+            self._trackers[model.name] = tracker
+        failed = [result for result in results.values() if isinstance(result, BaseException)]
+        if trainer is not None and not failed:
+            try:
+                await trainer.publish_current()  # served before register returns
+            except BaseException as error:
+                failed.append(error)
+        if failed:
+            if trainer is not None:
+                trainer.kill()
+            raise failed[0]
+        if trainer is not None:
+            self._trainers[model.name] = trainer
+        print(
+            f"art-ray: {model.name}: registered in {time.monotonic() - started:.0f} s, serving step "
+            f"{self._trainers[model.name].step} at {self.base_url}",
+            flush=True,
+        )
 
     def _trainer(self, model: TrainableModel) -> TrainerGroup:
         if model.name not in self._trainers:

@@ -73,6 +73,13 @@ class TrainerGroup:
 
     async def start(self) -> int:
         """Build the engines, resume from the latest checkpoint if there is one, publish the adapter."""
+        await self.prepare()
+        await self.publish_current()
+        return self.step
+
+    async def prepare(self) -> int:
+        """Build the engines and resume from the latest checkpoint if there is one; publishes nothing, so
+        it may run while the inference app is still starting."""
         try:
             await asyncio.wait_for(self._placement_group.ready(), self._placement_timeout_s)
         except TimeoutError:
@@ -91,11 +98,14 @@ class TrainerGroup:
                 *(worker.load_checkpoint.remote(found[1]) for worker in self.workers)
             )
             self.step = steps[0]
+        return self.step
+
+    async def publish_current(self) -> None:
+        """Publish the current step's adapter and return once every live replica serves it."""
         if self.publish:
             registry = get_registry()
             captured = [worker.publish_adapter.remote(registry) for worker in self.workers]
-            await (await captured[0])[0]  # serving before register returns
-        return self.step
+            await (await captured[0])[0]
 
     async def train(self, groups: list[TrajectoryGroup], config: TrainConfig) -> AsyncIterator[TrainEvent]:
         """GRPO on the groups: yield each gradient step as it finishes; then publish the new step
