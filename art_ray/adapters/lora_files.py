@@ -6,11 +6,14 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from art_ray.adapters.spec import LoRASpec
+
+if TYPE_CHECKING:  # torch loads where tensors are made: the registry and the driver only move packed arrays
+    import torch
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -18,6 +21,7 @@ ADAPTER_CONFIG = "adapter_config.json"
 
 def adapter_shapes(base_model: str, spec: LoRASpec) -> dict[str, tuple[int, ...]]:
     """Names and shapes of the adapter's tensors (PEFT state-dict keys), without loading weights."""
+    import torch
     from peft import get_peft_model, get_peft_model_state_dict
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -30,6 +34,8 @@ def adapter_shapes(base_model: str, spec: LoRASpec) -> dict[str, tuple[int, ...]
 
 def initial_adapter(base_model: str, spec: LoRASpec, seed: int = 0) -> dict[str, torch.Tensor]:
     """Step 0: random A, zero B (PEFT's init), so the adapter changes nothing yet can be trained."""
+    import torch
+
     generator = torch.Generator().manual_seed(seed)
     tensors: dict[str, torch.Tensor] = {}
     for name, shape in sorted(adapter_shapes(base_model, spec).items()):
@@ -77,12 +83,16 @@ class PackedAdapter:
 
 
 def pack_adapter(tensors: dict[str, torch.Tensor]) -> PackedAdapter:
+    import torch
+
     names = tuple(sorted(tensors))
     flat = torch.cat([tensors[name].detach().float().reshape(-1).cpu() for name in names]).numpy()
     return PackedAdapter(names, tuple(tuple(tensors[name].shape) for name in names), flat)
 
 
 def unpack_adapter(packed: PackedAdapter) -> dict[str, torch.Tensor]:
+    import torch
+
     # a copy: the array Ray hands back is a read-only view of the object store
     flat = torch.from_numpy(np.array(packed.flat, copy=True))
     tensors, offset = {}, 0
