@@ -46,7 +46,7 @@ lint: setup
 bench: setup
 	$(UV) install --python $(PY) --quiet -e ".[$(DEVICE),dev,art,frameworks,bench]" || $(PIP) install --quiet -e ".[$(DEVICE),dev,art,frameworks,bench]"
 	$(DROP_CUDA_EXTRAS)
-	@for script in serve_overhead forced_tool_calls prefix_sharing lora_sync publish trainer_throughput rollout_scale faults end_to_end; do script=bench/$$script.py; echo "== $$script"; $(PY) $$script || exit 1; done
+	@for script in memory serve_overhead forced_tool_calls prefix_sharing lora_sync publish trainer_throughput rollout_scale faults end_to_end; do script=bench/$$script.py; echo "== $$script"; $(PY) $$script || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info art_ray_runs

@@ -7,6 +7,7 @@ With no address it starts an embedded local Ray (CPU defaults); with "auto", "ra
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 import time
@@ -48,6 +49,10 @@ def _driver_code_path() -> str:
             folders.append(folder)
     existing = os.environ.get("PYTHONPATH")
     return os.pathsep.join(dict.fromkeys([*folders, *([existing] if existing else [])]))
+
+
+def _drop_token_auth_notice(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
 
 
 class RayBackend:
@@ -101,17 +106,27 @@ class RayBackend:
         if ray.is_initialized():
             return
         if self.address is None and "RAY_ADDRESS" not in os.environ:
-            # an embedded cluster of our own, never another process's (a bare ray.init() would join it)
-            ray.init(
-                address="local",
-                num_cpus=self.num_cpus or max(2, os.cpu_count() or 2),
-                include_dashboard=False,
-                log_to_driver=False,
-                runtime_env={"env_vars": {"PYTHONPATH": _driver_code_path()}},
-            )
+            # an embedded cluster of our own, never another process's (a bare ray.init() would join it);
+            # Ray turns token authentication on for it, as for every new local cluster, and its notice that
+            # it did (with how to opt out) is not news to a script that never chose a mode
+            auth_logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
+            auth_logger.addFilter(_drop_token_auth_notice)
+            try:
+                self._init_embedded_ray()
+            finally:
+                auth_logger.removeFilter(_drop_token_auth_notice)
             self._started_ray = True
         else:
             ray.init(address=self.address or os.environ["RAY_ADDRESS"], log_to_driver=False)
+
+    def _init_embedded_ray(self) -> None:
+        ray.init(
+            address="local",
+            num_cpus=self.num_cpus or max(2, os.cpu_count() or 2),
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PYTHONPATH": _driver_code_path()}},
+        )
 
     def _serving_config(self, model: TrainableModel, base_model: str, plan: ModelPlan) -> ServingConfig:
         return serving_config(

@@ -72,7 +72,11 @@ async def main(args: argparse.Namespace) -> dict:
             **{
                 "lora": LoRASpec(r=16, alpha=32),
                 "sequence_length": 256,
+                # one packed row per forward: the trainer's peak 1.7 GiB instead of 2.9 at 4 rows
+                "micro_batch_rows": 1,
                 "max_model_len": 512,
+                # what a step samples at once: the engine's KV cache is sized to it (ModelConfig)
+                "max_num_seqs": max(args.groups_per_step * args.group_size, len(HELD_OUT_QUESTIONS)),
                 **args.model_config,
             }
         ),
