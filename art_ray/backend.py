@@ -19,7 +19,7 @@ import ray
 from art_ray.errors import BackendError
 from art_ray.models import default_tool_call_parser, resolve_base_model
 from art_ray.placement import ModelPlan, PlacementError, cluster_shapes, plan_model, wait_placeable
-from art_ray.role_configs import serving_config, trainer_config
+from art_ray.role_configs import kv_cache_tokens, serving_config, trainer_config
 from art_ray.serving.config import ServingConfig
 from art_ray.startup import side_by_side
 from art_ray.tracking import Tracker, group_metrics, save_trajectories
@@ -166,6 +166,26 @@ class RayBackend:
                 f"{model.config.placement_timeout_s:.0f} s (ModelConfig.placement_timeout_s)"
             ) from None
 
+    @staticmethod
+    def _cpu_memory_plan(model: TrainableModel, base_model: str, plan: ModelPlan) -> list[str]:
+        """The tensors of the roles that run on CPU, from the model's config.json where this process can
+        read it (a local model; a hub id or a path only the cluster's nodes hold is not planned here)."""
+        from art_ray.memory_plan import ModelShape, plan_cpu_memory
+
+        if "cpu" not in (plan.engine_device, plan.trainer_device):
+            return []
+        try:
+            shape = ModelShape.from_model_dir(base_model)
+        except (OSError, KeyError, ValueError):
+            return []
+        cpu = plan_cpu_memory(model.config, shape, kv_cache_tokens(model.config))
+        lines = ["memory plan on CPU (tensors; each process also holds its runtime: Python, torch, vLLM)"]
+        if plan.engine_device == "cpu":
+            lines.append(f"  {cpu.engine_line()}")
+        if plan.trainer_device == "cpu":
+            lines.append(f"  {cpu.trainer_line()}")
+        return lines
+
     async def register(self, model: TrainableModel) -> None:
         """Serve the model's base model (once) and start its trainer group; returns when `name` serves
         the latest step (resumed from the latest checkpoint if there is one). Raises PlacementError
@@ -202,6 +222,8 @@ class RayBackend:
             model.config.placement_timeout_s,
         )
         print(f"art-ray: {model.name}: {plan.describe()}", flush=True)
+        for line in self._cpu_memory_plan(model, base_model, plan):
+            print(f"art-ray: {model.name}: {line}", flush=True)
         parts: dict[str, Awaitable[Any]] = {}
         if self._base_model is None:
             config = self._serving_config(model, base_model, plan)

@@ -37,8 +37,6 @@ SAMPLER_BYTES = 4 * 4
 # Per LoRA parameter under DeepSpeed bf16: bf16 weight and grad (2+2), fp32 master weight and gradient
 # accumulator (4+4), Adam's two fp32 moments (8).
 LORA_STATE_BYTES = 20
-# the engine batch art-ray configures (EngineConfig.max_num_seqs)
-ENGINE_MAX_NUM_SEQS = 64
 # Saved by one decoder layer for backward, per token, in dtype-sized words: 16 of hidden width (the two
 # RMSNorm inputs upcast to fp32, their outputs, q/k/v, attention and o_proj outputs, residual sums, LoRA
 # inputs), 4 of intermediate width (gate, up, silu(gate), their product).
@@ -334,7 +332,7 @@ def plan_for_model(
         gpu_memory_bytes=gpu_memory_bytes,
         gpu_memory_utilization=config.gpu_memory_utilization,
         max_model_len=config.max_model_len,
-        max_num_seqs=ENGINE_MAX_NUM_SEQS,
+        max_num_seqs=config.max_num_seqs,
         lora_r=config.lora.r,
         lora_target_modules=list(config.lora.target_modules),
         sequence_length=config.sequence_length,
@@ -344,6 +342,79 @@ def plan_for_model(
         world_size=config.world_size,
         max_loras=max(4, config.keep_versions),
         gradient_checkpointing=False,
+    )
+
+
+# fp32 on CPU: LoRA weight and gradient (4+4) and Adam's two moments (8); no master copy
+CPU_LORA_STATE_BYTES = 16
+
+
+class CPUMemoryPlan(pydantic.BaseModel):
+    """The tensors of a CPU engine worker and trainer rank (float32 both), in bytes. Each process also
+    holds its runtime (Python, torch, vLLM: bench/memory.py measures whole processes)."""
+
+    engine_weights: int
+    engine_lora_slots: int
+    kv_cache: int
+    kv_cache_tokens: int
+    trainer_weights: int
+    trainer_lora_state: int
+    trainer_activations: int
+    trainer_tokens: int
+
+    @property
+    def engine(self) -> int:
+        return self.engine_weights + self.engine_lora_slots + self.kv_cache
+
+    @property
+    def trainer(self) -> int:
+        return self.trainer_weights + self.trainer_lora_state + self.trainer_activations
+
+    def engine_line(self) -> str:
+        return (
+            f"engine worker {_gib(self.engine)}: weights {_gib(self.engine_weights)}, LoRA slots "
+            f"{_gib(self.engine_lora_slots)}, KV cache {_gib(self.kv_cache)} ({self.kv_cache_tokens} tokens)"
+        )
+
+    def trainer_line(self) -> str:
+        return (
+            f"trainer rank {_gib(self.trainer)}: weights {_gib(self.trainer_weights)}, LoRA + Adam "
+            f"{_gib(self.trainer_lora_state)}, activations and logits {_gib(self.trainer_activations)} "
+            f"({self.trainer_tokens} tokens a forward: micro_batch_rows x sequence_length)"
+        )
+
+
+def plan_cpu_memory(config: ModelConfig, shape: ModelShape, kv_cache_tokens: int) -> CPUMemoryPlan:
+    """What the engine and the trainer allocate for `config` on CPU: the GPU plan's arithmetic in float32,
+    without gradient checkpointing (the CPU trainer's)."""
+    d = 4
+    gpu_plan = plan_gpu_memory(
+        shape,
+        layout="split",
+        gpu_memory_bytes=0,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        max_model_len=config.max_model_len,
+        max_num_seqs=config.max_num_seqs,
+        lora_r=config.lora.r,
+        lora_target_modules=list(config.lora.target_modules),
+        sequence_length=config.sequence_length,
+        micro_batch_rows=config.micro_batch_rows,
+        dtype_bytes=d,
+        max_loras=max(4, config.keep_versions),
+        gradient_checkpointing=False,
+    )
+    lora = shape.lora_parameters(config.lora.r, list(config.lora.target_modules))
+    return CPUMemoryPlan(
+        engine_weights=gpu_plan.engine_weights,
+        engine_lora_slots=gpu_plan.engine_lora_slots,
+        kv_cache=kv_cache_tokens * shape.kv_cache_bytes_per_token(d),
+        kv_cache_tokens=kv_cache_tokens,
+        trainer_weights=gpu_plan.trainer_weights,
+        trainer_lora_state=lora * CPU_LORA_STATE_BYTES,
+        trainer_activations=(
+            gpu_plan.trainer_activations + gpu_plan.trainer_attention_mask + gpu_plan.trainer_logits
+        ),
+        trainer_tokens=config.sequence_length * config.micro_batch_rows,
     )
 
 

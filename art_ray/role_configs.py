@@ -35,8 +35,7 @@ def serving_config(
         max_lora_rank=config.lora.r,
         max_loras=max(EngineConfig.model_fields["max_loras"].default, config.keep_versions),
         threads=plan.engine_threads,
-        kv_cache_tokens=config.kv_cache_tokens
-        or max(config.max_num_seqs * min(config.sequence_length, config.max_model_len), config.max_model_len),
+        kv_cache_tokens=kv_cache_tokens(config),
         **config.model_dump(include=_shared(EngineConfig) - {"kv_cache_tokens"}),
     )
     return ServingConfig(
@@ -50,6 +49,14 @@ def serving_config(
         **config.model_dump(include=_shared(ServingConfig) - {"tool_call_parser"}),
         tool_call_parser=config.tool_call_parser or tool_call_parser,
     )
+
+
+def kv_cache_tokens(config: ModelConfig) -> int:
+    """A CPU engine's KV cache: the user's, else max_num_seqs conversations of sequence_length tokens (no
+    longer one can be trained), at least one of max_model_len (vLLM's floor)."""
+    if config.kv_cache_tokens is not None:
+        return config.kv_cache_tokens
+    return max(config.max_num_seqs * min(config.sequence_length, config.max_model_len), config.max_model_len)
 
 
 def trainer_config(

@@ -149,3 +149,40 @@ def test_split_checks_each_side_against_its_own_gpu() -> None:
 
 def test_gradient_checkpointing_keeps_one_layer() -> None:
     assert plan(gradient_checkpointing=False).trainer_activations > 10 * plan().trainer_activations
+
+
+def test_the_cpu_plan_counts_float32_tensors_of_each_role() -> None:
+    from art_ray import LoRASpec, ModelConfig
+    from art_ray.memory_plan import plan_cpu_memory
+
+    shape = ModelShape.from_hf_config(SMOLLM_135M)
+    demo = ModelConfig(
+        lora=LoRASpec(r=16, alpha=32), sequence_length=256, micro_batch_rows=1, max_model_len=512
+    )
+    plan = plan_cpu_memory(demo, shape, kv_cache_tokens=8192)
+    assert plan.engine_weights == plan.trainer_weights == shape.num_parameters * 4
+    assert plan.kv_cache == 8192 * 30 * 2 * 3 * 64 * 4  # what vLLM reported: 8,192 tokens in 0.35 GiB
+    assert plan.trainer_tokens == 256
+    four_rows = plan_cpu_memory(demo.model_copy(update={"micro_batch_rows": 4}), shape, kv_cache_tokens=8192)
+    # activations and logits grow with the rows of a forward (the mask with their square length): at 4
+    # rows the demo's trainer measured a 2.9 GiB peak, at 1 row 1.7 GiB (runtime included)
+    assert 3.9 < four_rows.trainer_activations / plan.trainer_activations < 4.1
+    assert 0.5 * GiB < plan.trainer_activations < 0.8 * GiB
+    assert "KV cache 0.35 GiB (8192 tokens)" in plan.engine_line()
+    assert "256 tokens a forward" in plan.trainer_line()
+
+
+def test_register_prints_the_cpu_plan_of_a_local_model() -> None:
+    from art_ray import ModelConfig, TrainableModel
+    from art_ray.backend import RayBackend
+    from art_ray.models import resolve_base_model
+    from art_ray.placement import NodeShape, plan_model
+
+    box = NodeShape(name="box", total={"CPU": 2}, available={"CPU": 2})
+    config = ModelConfig(max_model_len=512, sequence_length=256, max_num_seqs=32)
+    model = TrainableModel(name="m", project="p", base_model="smollm2-135m", config=config)
+    lines = RayBackend._cpu_memory_plan(model, resolve_base_model("smollm2-135m"), plan_model(config, [box]))
+    assert lines[0].startswith("memory plan on CPU")
+    assert "KV cache 0.35 GiB (8192 tokens)" in lines[1] and lines[2].lstrip().startswith("trainer rank")
+    # a hub id only the cluster's nodes can read: nothing is planned from the driver
+    assert RayBackend._cpu_memory_plan(model, "org/not-here", plan_model(config, [box])) == []
