@@ -2,6 +2,7 @@
 
 import os
 from pathlib import Path
+from unittest import mock
 
 import pydantic
 import pytest
@@ -74,7 +75,11 @@ def test_kv_cache_bytes_per_token_from_the_engine_config() -> None:
 
     base_model = resolve_base_model("tiny")
     config = ServingConfig(engine=EngineConfig(model=base_model, device="cpu", max_model_len=256, threads=1))
-    vllm_config = AsyncEngineArgs.from_cli_args(vllm_namespace(config)).create_engine_config()
+    # vLLM's CPU platform writes the engine's environment into this process while it builds the config
+    # (LD_PRELOAD of torch's OpenMP, the worker start method); a Ray cluster a later test starts here
+    # would hand it to every worker, and a trainer rank then ran one thread
+    with mock.patch.dict(os.environ):
+        vllm_config = AsyncEngineArgs.from_cli_args(vllm_namespace(config)).create_engine_config()
     shape = json.loads((Path(base_model) / "config.json").read_text())
     head_dim = shape.get("head_dim") or shape["hidden_size"] // shape["num_attention_heads"]
     expected = shape["num_hidden_layers"] * 2 * shape["num_key_value_heads"] * head_dim * 4  # float32
