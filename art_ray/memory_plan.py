@@ -322,7 +322,11 @@ def check_fits(plan: MemoryPlan) -> None:
 
 
 def plan_for_model(
-    config: ModelConfig, shape: ModelShape, layout: Literal["colocated", "split"], gpu_memory_bytes: int
+    config: ModelConfig,
+    shape: ModelShape,
+    layout: Literal["colocated", "split"],
+    gpu_memory_bytes: int,
+    dtype_bytes: int = 2,
 ) -> MemoryPlan:
     """The plan of a model's settings as art-ray runs them (the engine's batch, LoRA slots, and a trainer
     without gradient checkpointing)."""
@@ -342,6 +346,7 @@ def plan_for_model(
         world_size=config.world_size,
         max_loras=max(4, config.keep_versions),
         gradient_checkpointing=False,
+        dtype_bytes=dtype_bytes,
     )
 
 
@@ -388,21 +393,7 @@ def plan_cpu_memory(config: ModelConfig, shape: ModelShape, kv_cache_tokens: int
     """What the engine and the trainer allocate for `config` on CPU: the GPU plan's arithmetic in float32,
     without gradient checkpointing (the CPU trainer's)."""
     d = 4
-    gpu_plan = plan_gpu_memory(
-        shape,
-        layout="split",
-        gpu_memory_bytes=0,
-        gpu_memory_utilization=config.gpu_memory_utilization,
-        max_model_len=config.max_model_len,
-        max_num_seqs=config.max_num_seqs,
-        lora_r=config.lora.r,
-        lora_target_modules=list(config.lora.target_modules),
-        sequence_length=config.sequence_length,
-        micro_batch_rows=config.micro_batch_rows,
-        dtype_bytes=d,
-        max_loras=max(4, config.keep_versions),
-        gradient_checkpointing=False,
-    )
+    gpu_plan = plan_for_model(config, shape, "split", gpu_memory_bytes=0, dtype_bytes=d)
     lora = shape.lora_parameters(config.lora.r, list(config.lora.target_modules))
     return CPUMemoryPlan(
         engine_weights=gpu_plan.engine_weights,
