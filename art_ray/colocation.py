@@ -17,7 +17,6 @@ The two sides call the same methods on every device; only what the calls free di
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 from typing import TYPE_CHECKING, Any
 
 from art_ray.placement import Device
@@ -27,11 +26,11 @@ if TYPE_CHECKING:
 
 
 def release_freed_host_memory() -> None:
-    """Return the heap's free pages to the system (glibc's malloc_trim; a no-op elsewhere)."""
-    libc_name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(libc_name) if libc_name else None
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
+    """Return the heap's free pages to the system (glibc's malloc_trim; a no-op elsewhere). The process's
+    own symbols hold the C library's, so no lookup of it (find_library runs ldconfig, then a compiler)."""
+    malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if malloc_trim is not None:
+        malloc_trim(0)
 
 
 class EngineHandover:
