@@ -10,6 +10,8 @@ import pydantic
 from art_ray.cpu_threads import engine_openmp_env
 
 CPU_BLOCK_SIZE = 32
+# vLLM's CPUWorker, which may be forked (cpu_fork.py)
+CPU_WORKER_CLS = "art_ray.serving.cpu_worker.ForkedCPUWorker"
 
 
 class EngineConfig(pydantic.BaseModel):
@@ -81,6 +83,7 @@ class EngineConfig(pydantic.BaseModel):
 
             # copies: vLLM extends these lists in place with its platform's fallback ("native")
             kwargs["ir_op_priority"] = {op: list(providers) for op, providers in IR_OP_PRIORITY.items()}
+            kwargs["worker_cls"] = CPU_WORKER_CLS
         block_size = self.block_size or (CPU_BLOCK_SIZE if on_cpu else None)
         if block_size is not None:
             kwargs["block_size"] = block_size

@@ -66,6 +66,8 @@ async def build_engine_and_app(config: ServingConfig) -> tuple[Any, Any]:
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    from art_ray.serving.cpu_fork import fork_engine_core
+
     config.engine.apply_env()
     args = vllm_namespace(config)
     if args.tool_call_parser and config.tool_call_max_whitespace is not None:
@@ -80,6 +82,7 @@ async def build_engine_and_app(config: ServingConfig) -> tuple[Any, Any]:
         vllm_config.cache_config.kv_cache_memory_bytes = config.engine.cpu_kv_cache_bytes(
             kv_cache_bytes_per_token(vllm_config)
         )
+        fork_engine_core()
     engine = AsyncLLM.from_vllm_config(
         vllm_config=vllm_config,
         usage_context=UsageContext.OPENAI_API_SERVER,
