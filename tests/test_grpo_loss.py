@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from art_ray.train_config import TrainConfig
-from art_ray.trainer.loss import group_advantages, policy_loss
+from art_ray.trainer.batches import group_advantages
+from art_ray.trainer.loss import policy_loss
 
 
 def reference_advantages(rewards: list[float], scale: bool) -> list[float] | None:

@@ -33,6 +33,17 @@ def test_ray_backend_and_remote_rollout_load_on_first_use() -> None:
     assert {"ray", "pyarrow"} <= loaded
 
 
+def test_a_ray_backend_driver_loads_no_torch() -> None:
+    """What the driver imports to register and train (the backend, the trainer group it creates actors
+    from, the inference app's launcher): torch, vLLM and DeepSpeed load only where they run (~130 MiB
+    of torch in a driver otherwise)."""
+    loaded = top_level_modules_after(
+        "import art_ray.backend, art_ray.trainer.group, art_ray.serving.launch, art_ray.rollout_runner"
+    )
+    assert "ray" in loaded
+    assert not loaded & {"torch", "vllm", "deepspeed", "transformers"}, sorted(loaded & HEAVY)
+
+
 def test_a_choice_is_still_a_choice() -> None:
     from openai.types.chat.chat_completion import Choice
 

@@ -17,8 +17,22 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from art_ray.trainer.loss import group_advantages
 from art_ray.trajectories import Trajectory, TrajectoryGroup, sampled_tokens
+
+STD_EPS = 1e-6
+
+
+def group_advantages(rewards: list[float], scale: bool = True) -> list[float] | None:
+    """(r - mean) / (std + eps), or only centred; None for a group with no reward variance. Plain
+    Python: the driver's trainer group imports this module, and torch stays on the ranks."""
+    if len(rewards) < 2:
+        return None
+    mean = math.fsum(rewards) / len(rewards)
+    centred = [reward - mean for reward in rewards]
+    std = math.sqrt(math.fsum(value * value for value in centred) / len(rewards))
+    if std < STD_EPS:
+        return None
+    return [value / (std + STD_EPS) for value in centred] if scale else centred
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""GRPO math: group-normalized advantages and the clipped policy loss (PPO or CISPO) with optional KL.
+"""GRPO math: the clipped policy loss (PPO or CISPO) with optional KL (advantages: batches.py).
 
 Pure tensor code, no model: the trainer feeds it per-token log-probabilities of the sampled tokens.
 """
@@ -10,20 +10,6 @@ from dataclasses import dataclass
 import torch
 
 from art_ray.train_config import TrainConfig
-
-STD_EPS = 1e-6
-
-
-def group_advantages(rewards: list[float], scale: bool = True) -> list[float] | None:
-    """(r - mean) / (std + eps), or only centred; None for a group with no reward variance."""
-    if len(rewards) < 2:
-        return None
-    values = torch.tensor(rewards, dtype=torch.float64)
-    centred = values - values.mean()
-    std = values.std(unbiased=False)
-    if float(std) < STD_EPS:
-        return None
-    return (centred / (std + STD_EPS) if scale else centred).tolist()
 
 
 @dataclass

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ray
-import torch
 
 from art_ray import storage
 from art_ray.adapters.lora_files import PackedAdapter
@@ -23,12 +22,13 @@ from art_ray.colocation import TrainerHandover
 from art_ray.cpu_threads import every_core_threads
 from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.trainer.config import TrainerConfig
-from art_ray.trainer.loss import policy_loss, token_entropy, token_logprobs, trained_positions
 from art_ray.trainer.packing import PackedRow, segment_attention_mask
 from art_ray.trainer.train_batch import RankBatch, rl_batches, sft_batches
 from art_ray.trajectories import Trajectory, TrajectoryGroup
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch loads on the rank: the driver imports this module to create the actors
+    import torch
+
     from art_ray.trainer.checkpoint_writer import BackgroundCheckpointEngine
 
 CLIENT_STATE_STEP = "art_ray_step"
@@ -89,6 +89,8 @@ class TrainerWorker:
     so Ray pickles it by reference instead of by value with torch's module state."""
 
     def __init__(self, config: TrainerConfig, rank: int) -> None:
+        import torch
+
         self.config = config
         self.settings = config.settings
         self.rank = rank
@@ -114,6 +116,8 @@ class TrainerWorker:
         return ray.util.get_node_ip_address(), port
 
     def setup(self, master_addr: str, master_port: int) -> None:
+        import torch
+
         # DeepSpeed tries MPI discovery unless these are set, inside Ray actors too.
         os.environ.update(
             {
@@ -211,6 +215,7 @@ class TrainerWorker:
     def _gradient_step(
         self, rows: list[PackedRow], train_config: TrainConfig, learning_rate: float
     ) -> dict[str, float]:
+        import torch
         import torch.distributed as dist
 
         start = time.perf_counter()
@@ -257,6 +262,10 @@ class TrainerWorker:
         }
 
     def _forward_backward(self, batch: list[PackedRow], train_config: TrainConfig) -> torch.Tensor:
+        import torch
+
+        from art_ray.trainer.loss import policy_loss, token_entropy, token_logprobs, trained_positions
+
         if not batch:  # this rank has no rows: a zero-weight row keeps the collective ops in step
             length = self.settings.sequence_length
             batch = [PackedRow.padding(length)]
@@ -362,6 +371,8 @@ class TrainerWorker:
         a replica can serve; remote roots get it uploaded. Returns once the state is copied: the files
         are written in the background (`checkpoint_written`), and the group marks the checkpoint complete
         once every rank's are."""
+        import torch
+
         from art_ray.adapters.lora_files import write_peft_adapter
 
         client_state = {CLIENT_STATE_STEP: self.step, "torch_rng": torch.get_rng_state()}
@@ -400,6 +411,8 @@ class TrainerWorker:
         storage.write_text(f"{folder}/{STATE_FILE}", json.dumps({"step": step, "saved_at": time.time()}))
 
     def load_checkpoint(self, folder: str) -> int:
+        import torch
+
         with tempfile.TemporaryDirectory() as staging:
             local = folder if "://" not in folder else str(storage.download_dir(folder, Path(staging)))
             _, client_state = self.engine.load_checkpoint(
