@@ -1,6 +1,7 @@
 """Teach SmolLM2-135M-Instruct to answer in exactly one word, with GRPO on art-ray (CPU in minutes).
 
     python examples/one_word/train.py --steps 8
+    python examples/one_word/train.py --server http://127.0.0.1:8000   # through `art-ray serve-training`
 
 Prints a per-step table, the held-out result before and after, where the MLflow run and checkpoints
 are, and as its last line one JSON object {"task", "baseline", "final", "seconds", ...}.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import time
@@ -21,7 +23,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tasks import HELD_OUT_QUESTIONS, TRAIN_QUESTIONS, is_exact, messages_for, one_word_reward  # noqa: E402
 
 import art_ray  # noqa: E402
-from art_ray import LoRASpec, ModelConfig, RayBackend, TrainableModel, TrainConfig, Trajectory  # noqa: E402
+from art_ray import (  # noqa: E402
+    HTTPBackend,
+    LoRASpec,
+    ModelConfig,
+    RayBackend,
+    TrainableModel,
+    TrainConfig,
+    Trajectory,
+)
 
 MAX_TOKENS = 16
 PROMPT_TOKENS = 64  # the questions' chat prompts take 42-47 SmolLM2 tokens
@@ -64,7 +74,11 @@ def exact_rate(group: art_ray.TrajectoryGroup) -> float:
 
 async def main(args: argparse.Namespace) -> dict:
     start = time.time()
-    backend = RayBackend(storage=args.storage, port=args.port, tracking_uri=args.tracking_uri)
+    backend = (
+        HTTPBackend(args.server, api_key=args.api_key)
+        if args.server
+        else RayBackend(storage=args.storage, port=args.port, tracking_uri=args.tracking_uri)
+    )
     model = TrainableModel(
         name=args.name,
         project=args.project,
@@ -127,7 +141,7 @@ async def main(args: argparse.Namespace) -> dict:
         print(
             f"\nheld-out after: reward {sum(final.rewards) / len(final):.3f}, exact {exact_rate(final):.2f}"
         )
-        print(f"MLflow: {model.tracker.tracking_uri} (experiment {model.project}, run {model.name})")
+        print(f"MLflow: {backend.tracking_uri} (experiment {model.project}, run {model.name})")
         print(f"checkpoints: {backend.model_dir(model)}/checkpoints", flush=True)
         return {
             "task": "one_word",
@@ -160,6 +174,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--storage", default="./art_ray_runs")
     parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: under --storage)")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--server",
+        default=None,
+        help="train through a training server (art-ray serve-training) at this URL: the app, the engine and "
+        "trainers it started stay up between runs",
+    )
+    parser.add_argument("--api-key", default=os.environ.get("ART_RAY_API_KEY"), help="the server's key")
     parser.add_argument(
         "--model-config",
         type=json.loads,
