@@ -61,23 +61,7 @@ def role_of(cmdline: str) -> str:
     return "other: " + (cmdline.split(" ")[0].rsplit("/", 1)[-1] or "?")[:40]
 
 
-# a process forked from its parent keeps the parent's command line (art_ray/serving/cpu_fork.py): a child
-# of the replica with the replica's title is its engine core, and a child of that the engine's worker
-FORKED_CHILD = {"inference replica (Serve)": "vLLM engine core", "vLLM engine core": "vLLM engine worker"}
-
-
-def roles(root: int) -> dict[int, str]:
-    """Each process below `root` and its role; parents come before their children."""
-    by_title: dict[int, str] = {}
-    found: dict[int, str] = {}
-    for pid, parent in descendants(root):
-        by_title[pid] = found[pid] = role_of(cmdline(pid))
-        if found.get(parent) in FORKED_CHILD and by_title[pid] == by_title[parent]:
-            found[pid] = FORKED_CHILD[found[parent]]
-    return found
-
-
-def descendants(root: int) -> list[tuple[int, int]]:
+def descendants(root: int) -> list[int]:
     children: dict[int, list[int]] = defaultdict(list)
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -87,11 +71,11 @@ def descendants(root: int) -> list[tuple[int, int]]:
                 continue
             parent = int(stat.rsplit(")", 1)[1].split()[1])
             children[parent].append(int(entry))
-    found, todo = [], [(root, 0)]
+    found, todo = [], [root]
     while todo:
-        pid, parent = todo.pop()
-        found.append((pid, parent))
-        todo.extend((child, pid) for child in children.get(pid, []))
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
     return found
 
 
@@ -125,9 +109,10 @@ def sample(root: int, cpu_by_pid: dict[int, tuple[str, float]]) -> dict[str, int
     """PSS by role now; `cpu_by_pid` keeps each process's role and latest CPU time (a process that
     exits keeps its last one)."""
     by_role: dict[str, int] = defaultdict(int)
-    for pid, role in roles(root).items():
+    for pid in descendants(root):
         pss = pss_bytes(pid)
         if pss:
+            role = role_of(cmdline(pid))
             by_role[role] += pss
             if (used := cpu_seconds(pid)) is not None:
                 cpu_by_pid[pid] = (role, used)

@@ -17,18 +17,20 @@ METHOD = cpu_fork.METHOD
 
 @pytest.fixture
 def spawning(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """The environment vLLM's CPU platform leaves behind: spawn; not inside Ray."""
+    """The environment vLLM's CPU platform leaves behind in a replica: spawn, in a Ray actor."""
+    import setproctitle
     from vllm.utils import system_utils
 
     monkeypatch.setenv(METHOD, "spawn")
     monkeypatch.delenv("ART_RAY_CPU_FORK", raising=False)
-    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: False))
     monkeypatch.setattr(system_utils, "is_in_ray_actor", lambda: True)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(setproctitle, "setproctitle", setproctitle.setproctitle)  # restored after
     return monkeypatch
 
 
 def test_an_engine_core_outside_ray_forks_its_worker(spawning: pytest.MonkeyPatch) -> None:
+    spawning.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: False))
     cpu_fork.register()
     assert os.environ[METHOD] == "fork"
 
@@ -47,6 +49,10 @@ def test_a_replica_forks_its_engine_core(spawning: pytest.MonkeyPatch) -> None:
     system_utils._maybe_force_spawn()  # vLLM's own check, as the engine runs it before it starts a process
     assert os.environ[METHOD] == "fork"
     assert system_utils.get_mp_context().get_start_method() == "fork"
+    import setproctitle
+    from ray import _raylet
+
+    assert setproctitle.setproctitle is _raylet.setproctitle  # a forked child can name itself VLLM::...
 
 
 def test_a_replica_with_openmp_threads_keeps_spawning(spawning: pytest.MonkeyPatch) -> None:

@@ -64,4 +64,18 @@ def fork_engine_core() -> bool:
 
     system_utils.is_in_ray_actor = _not_in_a_ray_actor
     os.environ[METHOD] = "fork"
+    _name_forked_children_as_ray_does()
     return True
+
+
+def _name_forked_children_as_ray_does() -> None:
+    """vLLM names its processes (VLLM::EngineCore, VLLM::Worker) with the setproctitle package, which
+    cannot find the command line of a process forked from a Ray worker (Ray's own setproctitle moved it)
+    and silently leaves the replica's title: `ps` would show three replicas. Ray's setproctitle does it."""
+    try:
+        import setproctitle
+    except ImportError:  # vLLM then names nothing either
+        return
+    from ray import _raylet
+
+    setproctitle.setproctitle = _raylet.setproctitle
