@@ -39,13 +39,15 @@ def ray_cluster():
 
     # 4 logical CPUs on 2 cores: two engine replicas plus the trainer get one each; they mostly wait.
     # Workers import functions defined in test modules (remote rollouts), as a job's working_dir would
-    # let them: tests/ goes on their path.
+    # let them: tests/ goes on their path, and the examples' helpers that bench/learning.py's rollouts use.
+    examples = Path(__file__).parents[1] / "examples"
+    folders = [Path(__file__).parent, examples, examples / "code_math", examples / "email_agent"]
     ray.init(
         address="local",
         num_cpus=4,
         include_dashboard=False,
         log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).parent)}},
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(map(str, folders))}},
     )
     yield ray
     from ray import serve

@@ -14,6 +14,20 @@ CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", re.DOTALL)
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
+SYSTEM = (
+    "Solve the problem by writing a short Python program that prints the answer as a number. "
+    "Reply with only the code in a ```python block."
+)
+# one solved example (a one-shot prompt): a 135M model copies the format instead of writing prose
+EXAMPLE = [
+    {"role": "user", "content": "Sam has 3 pens and gets 2 more. How many pens does Sam have now?"},
+    {"role": "assistant", "content": "```python\npens = 3 + 2\nprint(pens)\n```"},
+]
+MAX_TOKENS = 64
+# held-out problems come from these seeds; training problems from the run's own seed stream
+HELD_OUT_SEED = 10_000
+
+
 class Problem(pydantic.BaseModel):
     question: str
     answer: int
@@ -37,6 +51,16 @@ def make_problem(rng: random.Random, level: int = 1) -> Problem:
         question += f" Then {name} loses {c}."
         answer -= c
     return Problem(question=f"{question} How many {item} does {name} have now?", answer=answer)
+
+
+def messages_for(problem: Problem) -> list[dict[str, str]]:
+    """The prompt: the instructions, the solved example, the question."""
+    return [{"role": "system", "content": SYSTEM}, *EXAMPLE, {"role": "user", "content": problem.question}]
+
+
+def held_out_problems(count: int, level: int = 1) -> list[Problem]:
+    """The same `count` held-out problems for every run; the first 12 are the example's default set."""
+    return [make_problem(random.Random(HELD_OUT_SEED + i), level) for i in range(count)]
 
 
 def extract_code(reply: str) -> str:

@@ -11,35 +11,30 @@ Metrics: correct, ran (exit code 0), printed_number.
 from __future__ import annotations
 
 import asyncio
-import random
 import sys
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]
 
 from loop import AgentTask, main  # noqa: E402
-from problems import Problem, extract_code, make_problem, score  # noqa: E402
+from problems import (  # noqa: E402
+    MAX_TOKENS,
+    Problem,
+    extract_code,
+    held_out_problems,
+    make_problem,
+    messages_for,
+    score,
+)
 from sandbox import run_python  # noqa: E402
 
 import art_ray  # noqa: E402
 from art_ray import TrainableModel, Trajectory  # noqa: E402
 
-SYSTEM = (
-    "Solve the problem by writing a short Python program that prints the answer as a number. "
-    "Reply with only the code in a ```python block."
-)
-# one solved example (a one-shot prompt): a 135M model copies the format instead of writing prose
-EXAMPLE = [
-    {"role": "user", "content": "Sam has 3 pens and gets 2 more. How many pens does Sam have now?"},
-    {"role": "assistant", "content": "```python\npens = 3 + 2\nprint(pens)\n```"},
-]
-MAX_TOKENS = 64
-
 
 @art_ray.remote_rollout
 async def rollout(model: TrainableModel, problem: Problem, temperature: float) -> Trajectory:
-    question = {"role": "user", "content": problem.question}
-    messages = [{"role": "system", "content": SYSTEM}, *EXAMPLE, question]
+    messages = messages_for(problem)
     completion = await model.openai_client().chat.completions.create(
         model=model.get_inference_name(), messages=messages, max_tokens=MAX_TOKENS, temperature=temperature
     )
@@ -58,7 +53,7 @@ TASK = AgentTask(
     name="code_math",
     rollout=rollout,
     train_scenarios=lambda rng: make_problem(rng, level=1),
-    val_scenarios=[make_problem(random.Random(10_000 + i), level=1) for i in range(12)],
+    val_scenarios=held_out_problems(12),
     metrics=["correct", "ran", "printed_number"],
 )
 

@@ -307,6 +307,14 @@ def make_scenario(rng: random.Random, n_emails: int = 30) -> Scenario:
     )
 
 
+HELD_OUT_SEED = 40_000
+
+
+def held_out_scenarios(count: int, n_emails: int = EMAILS) -> list[Scenario]:
+    """The same `count` held-out scenarios for every run; the first 16 are the example's default set."""
+    return [make_scenario(random.Random(HELD_OUT_SEED + i), n_emails) for i in range(count)]
+
+
 def normalize(text: str) -> str:
     return re.sub(r"[^a-z0-9]", "", text.lower())
 

@@ -13,7 +13,6 @@ found_source, read_source, cited_source, answered, turns, tool_errors.
 from __future__ import annotations
 
 import json
-import random
 import sys
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from inbox import (  # noqa: E402
     Scenario,
     answer_reward,
     build_index,
+    held_out_scenarios,
     make_scenario,
     read_email,
     search_inbox,
@@ -105,7 +105,7 @@ TASK = AgentTask(
     name="email_agent",
     rollout=rollout,
     train_scenarios=lambda rng: make_scenario(rng, EMAILS),
-    val_scenarios=[make_scenario(random.Random(40_000 + i), EMAILS) for i in range(16)],
+    val_scenarios=held_out_scenarios(16),
     metrics=["correct", "found_source", "read_source", "cited_source", "answered", "turns", "tool_errors"],
     # at 1.0 SmolLM2-135M's sampled keywords were mostly noise (found_source 0.08, greedy 0.44)
     train_temperature=0.7,

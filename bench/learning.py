@@ -1,0 +1,415 @@
+"""Learning curves: greedy held-out correctness against minutes of training, art-ray on the code_math and
+email agent examples, and TRL's GRPOTrainer on code_math, for each seed.
+
+Each art-ray run registers a fresh model (the base model, LoRA from scratch) on one shared backend and
+trains with the example's own rollout and settings (examples/loop.py's defaults, or the flags below),
+one GRPO step after another, until `--minutes` of rollout and training time; evaluation is not counted
+(reported apart). Held-out: the first `--held-out` items of each example's held-out set
+(problems.held_out_problems, inbox.held_out_scenarios), the same for every seed and system, evaluated
+before training and every `--eval-every` training minutes; each figure has its 95% Wilson interval.
+The held-out curve goes to MLflow beside the reward (val/correct at each step). TRL (bench/trl_code_math.py)
+gets the same model, prompt, reward, problems, group size, learning rate, LoRA and budget, in its own
+process with every core.
+
+Headline per task: the median over seeds of the final held-out correctness, and its lift over the base
+model. Against TRL, per seed: the training minutes art-ray's run takes to reach the final correctness of
+TRL's run, divided by the minutes TRL took to first reach it; the headline is the median over seeds.
+The PNG (`--plot`): correctness against training minutes, a thin line per seed and system, the medians bold.
+
+    python bench/learning.py                      # 15 minutes x seeds 0,1,2 x both tasks, and TRL
+    python bench/learning.py --short              # one seed, 2 minutes, the tiny model: does it run
+
+Last line: {"bench": "learning", "minutes", "seeds", "<task>_base", "<task>_final", "<task>_lift",
+"<task>_final_ci", "trl_final", "trl_lift", "minutes_to_trl_final", "ratio_to_trl", ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import importlib.util
+import json
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(ROOT / "examples"))
+
+from common import free_port, print_result, print_table  # noqa: E402
+
+HELD_OUT = {"code_math": 128, "email_agent": 64}
+# held-out evaluations of the email agent are multi-turn and cost more: fewer of them
+EVAL_EVERY = {"code_math": 1.5, "email_agent": 3.0}
+
+
+def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a proportion."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def load_example(task: str) -> ModuleType:
+    """examples/<task>/train.py as module `<task>_train`, pickled by value into Ray work: the two examples'
+    scripts share the file name `train.py`, so neither is importable by that name on the workers. Their
+    helpers (problems.py, sandbox.py, inbox.py) import there from the examples' folders, which the workers
+    of a backend started after this import have on their path."""
+    import ray
+
+    spec = importlib.util.spec_from_file_location(f"{task}_train", ROOT / "examples" / task / "train.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    ray.cloudpickle.register_pickle_by_value(module)
+    return module
+
+
+def held_out_items(task: str, count: int) -> list:
+    if task == "code_math":
+        from problems import held_out_problems
+
+        return held_out_problems(count)
+    from inbox import held_out_scenarios
+
+    return held_out_scenarios(count)
+
+
+def settings(task, args: argparse.Namespace) -> argparse.Namespace:  # noqa: ANN001
+    """The example's own defaults (examples/loop.py), with this bench's flags where given."""
+    from loop import parse_args
+
+    defaults = parse_args(task.name, "", ["--model", args.model])
+    for key in ("learning_rate", "groups_per_step", "group_size", "lora_rank"):
+        if getattr(args, key) is not None:
+            setattr(defaults, key, getattr(args, key))
+    return defaults
+
+
+async def art_ray_curve(backend, task, seed: int, args: argparse.Namespace) -> dict:  # noqa: ANN001
+    """One fresh model trained for the budget; held-out correctness at each evaluation."""
+    import random
+
+    from loop import evaluate
+
+    import art_ray
+    from art_ray import LoRASpec, ModelConfig, TrainableModel, TrainConfig
+
+    run = settings(task, args)
+    model = TrainableModel(
+        name=run_name(task, seed),
+        project="bench-learning",
+        base_model=args.model,
+        config=ModelConfig(
+            lora=LoRASpec(r=run.lora_rank, alpha=2 * run.lora_rank),
+            sequence_length=task.max_model_len,
+            max_model_len=task.max_model_len,
+            seed=seed,
+        ),
+    )
+    await model.register(backend)
+    points: list[dict] = []
+    eval_s = 0.0
+
+    async def held_out(train_s: float) -> None:
+        nonlocal eval_s
+        started = time.perf_counter()
+        group = await evaluate(task, model)
+        correct = sum(t.metrics.get("correct", 0.0) for t in group)
+        n = len(task.val_scenarios)
+        low, high = wilson(correct, n)
+        step = await model.get_step()
+        await model.log(
+            [group], split="val", metrics={"val/correct_ci_low": low, "val/correct_ci_high": high}
+        )
+        eval_s += time.perf_counter() - started
+        points.append({"minutes": train_s / 60, "step": step, "correct": correct / n, "n": n})
+        print(
+            f"art-ray {task.name} seed {seed} step {step}: {train_s / 60:.2f} min, "
+            f"correct {correct / n:.3f} [{low:.3f}, {high:.3f}]",
+            flush=True,
+        )
+
+    rng = random.Random(seed)
+    train_s, next_eval, budget = 0.0, task_eval_every(task, args) * 60, args.minutes * 60
+    rewards: list[float] = []
+    await held_out(0.0)
+    while train_s < budget:
+        started = time.perf_counter()
+        scenarios = [task.train_scenarios(rng) for _ in range(run.groups_per_step)]
+        groups = await art_ray.gather_trajectory_groups(
+            (
+                art_ray.TrajectoryGroup(
+                    task.rollout(model, scenario, task.train_temperature) for _ in range(run.group_size)
+                )
+                for scenario in scenarios
+            ),
+            pbar_desc=None,
+            max_exceptions=0.1,
+        )
+        await model.train(groups, TrainConfig(learning_rate=run.learning_rate), verbose=False)
+        train_s += time.perf_counter() - started
+        rewards.append(statistics.fmean(t.reward for g in groups for t in g))
+        if train_s >= budget or train_s >= next_eval:
+            await held_out(train_s)
+            while next_eval <= train_s:
+                next_eval += task_eval_every(task, args) * 60
+    steps = await model.get_step()
+    return {
+        "name": model.name,
+        "system": "art-ray",
+        "task": task.name,
+        "seed": seed,
+        "steps": steps,
+        "seconds_per_step": train_s / max(1, steps),
+        "eval_s": eval_s,
+        "sample_rewards": rewards,
+        "points": points,
+    }
+
+
+def run_name(task, seed: int) -> str:  # noqa: ANN001
+    return f"learning-{task.name.replace('_', '-')}-{seed}"
+
+
+def task_eval_every(task, args: argparse.Namespace) -> float:  # noqa: ANN001
+    return args.eval_every if args.eval_every is not None else EVAL_EVERY[task.name]
+
+
+def bench_tasks(args: argparse.Namespace) -> list:
+    """The examples' tasks, each with this bench's held-out set."""
+    return [
+        dataclasses.replace(
+            load_example(name).TASK, val_scenarios=held_out_items(name, args.held_out or HELD_OUT[name])
+        )
+        for name in args.tasks
+    ]
+
+
+async def art_ray_runs(
+    args: argparse.Namespace,
+    tasks: list,
+    backend,
+    free_trainer: Callable[[str], None],  # noqa: ANN001
+) -> list[dict]:
+    """Every task and seed on one backend (the engine starts once); each run's trainer is freed after it."""
+    runs = []
+    for task in tasks:
+        for seed in args.seeds:
+            started = time.perf_counter()
+            run = await art_ray_curve(backend, task, seed, args)
+            run["wall_s"] = time.perf_counter() - started
+            runs.append(run)
+            free_trainer(run["name"])  # the next run's trainer takes its place
+    print(f"MLflow: {backend.tracking_uri} (experiment bench-learning)", flush=True)
+    return runs
+
+
+def trl_curve(args: argparse.Namespace, seed: int, workdir: str, code_math) -> dict:  # noqa: ANN001
+    run = settings(code_math, args)
+    command = [
+        sys.executable,
+        str(Path(__file__).parent / "trl_code_math.py"),
+        *("--model", args.model, "--seed", str(seed), "--minutes", str(args.minutes)),
+        *("--eval-every", str(task_eval_every(code_math, args))),
+        *("--held-out", str(args.held_out or HELD_OUT["code_math"])),
+        *("--learning-rate", str(run.learning_rate), "--lora-rank", str(run.lora_rank)),
+        *("--groups-per-step", str(run.groups_per_step), "--group-size", str(run.group_size)),
+        *("--temperature", str(code_math.train_temperature), "--output-dir", f"{workdir}/trl-{seed}"),
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    last = ""
+    for line in process.stdout:
+        if line.startswith("TRL"):
+            print(line, end="", flush=True)
+        last = line
+    if process.wait() != 0:
+        raise RuntimeError(f"TRL run for seed {seed} failed (exit {process.returncode}); its stderr is above")
+    result = json.loads(last)
+    result["task"] = "code_math"
+    return result
+
+
+def first_minutes_at(points: list[dict], target: float) -> float | None:
+    return next((p["minutes"] for p in points if p["correct"] >= target - 1e-9), None)
+
+
+def median_curve(runs: list[dict]) -> tuple[list[float], list[float]]:
+    """The median over seeds at each evaluation index the runs share."""
+    length = min(len(r["points"]) for r in runs)
+    minutes = [statistics.median(r["points"][i]["minutes"] for r in runs) for i in range(length)]
+    correct = [statistics.median(r["points"][i]["correct"] for r in runs) for i in range(length)]
+    return minutes, correct
+
+
+def plot(runs: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = sorted({(r["system"], r["task"]) for r in runs})
+    colours = dict(zip(curves, ["tab:blue", "tab:orange", "tab:green", "tab:red"], strict=False))
+    figure, axes = plt.subplots(figsize=(7, 4.2), dpi=100)
+    for key in curves:
+        group = [r for r in runs if (r["system"], r["task"]) == key]
+        for run in group:
+            xs = [p["minutes"] for p in run["points"]]
+            axes.plot(xs, [p["correct"] for p in run["points"]], color=colours[key], alpha=0.35, linewidth=1)
+        xs, ys = median_curve(group)
+        axes.plot(xs, ys, color=colours[key], linewidth=2.6, label=f"{key[0]} {key[1]} (median)")
+    axes.set_xlabel("training minutes (rollouts + training; evaluation not counted)")
+    axes.set_ylabel("held-out correctness (greedy)")
+    axes.set_ylim(0, 1)
+    axes.grid(alpha=0.3)
+    axes.set_title(title, fontsize=10)
+    axes.legend(fontsize=8, loc="lower right")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--minutes", type=float, default=None, help="training minutes per run (15)")
+    parser.add_argument("--seeds", type=lambda text: [int(x) for x in text.split(",")], default=None)
+    parser.add_argument("--tasks", type=lambda text: text.split(","), default=None)
+    parser.add_argument("--model", default=None, help="smollm2-135m (the short form: tiny)")
+    parser.add_argument("--held-out", type=int, default=None, help="items per task (default 128 / 64)")
+    parser.add_argument("--eval-every", type=float, default=None, help="training minutes between evaluations")
+    parser.add_argument("--learning-rate", type=float, default=None, help="default: the examples' own")
+    parser.add_argument("--groups-per-step", type=int, default=None)
+    parser.add_argument("--group-size", type=int, default=None)
+    parser.add_argument("--lora-rank", type=int, default=None)
+    parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--plot", type=Path, default=None, help="the PNG (default docs/learning_curves.png)")
+    parser.add_argument(
+        "--short",
+        action="store_true",
+        help="does it run: one seed, 2 minutes, the tiny model, code_math, 16 items (flags still apply)",
+    )
+    args = parser.parse_args(argv)
+    short = args.short
+    args.minutes = args.minutes if args.minutes is not None else 2.0 if short else 15.0
+    args.seeds = args.seeds or ([0] if short else [0, 1, 2])
+    args.tasks = args.tasks or (["code_math"] if short else ["code_math", "email_agent"])
+    args.model = args.model or ("tiny" if short else "smollm2-135m")
+    args.held_out = args.held_out or (16 if short else None)
+    args.eval_every = args.eval_every or (1.0 if short else None)
+    default_plot = Path(tempfile.gettempdir()) / "learning_curves_short.png" if short else ROOT / "docs"
+    args.plot = args.plot or (default_plot if short else default_plot / "learning_curves.png")
+    return args
+
+
+def summarize(runs: list[dict], args: argparse.Namespace) -> dict:
+    result: dict = {"bench": "learning", "minutes": args.minutes, "seeds": args.seeds, "model": args.model}
+    rows = []
+    for run in runs:
+        first, last = run["points"][0], run["points"][-1]
+        low, high = wilson(last["correct"] * last["n"], last["n"])
+        rows.append(
+            [
+                run["system"],
+                run["task"],
+                run["seed"],
+                run["steps"],
+                first["correct"],
+                last["correct"],
+                f"[{low:.2f}, {high:.2f}]",
+                last["n"],
+                run["eval_s"],
+            ]
+        )
+    print_table(
+        f"held-out correctness (greedy) before and after {args.minutes:g} training minutes",
+        ["system", "task", "seed", "steps", "before", "after", "after 95% CI", "items", "eval s"],
+        rows,
+    )
+    for system, task in sorted({(r["system"], r["task"]) for r in runs}):
+        group = [r for r in runs if (r["system"], r["task"]) == (system, task)]
+        prefix = task if system == "art-ray" else system
+        base = statistics.median(r["points"][0]["correct"] for r in group)
+        final = statistics.median(r["points"][-1]["correct"] for r in group)
+        n = group[0]["points"][-1]["n"]
+        result[f"{prefix}_base"] = round(base, 4)
+        result[f"{prefix}_final"] = round(final, 4)
+        result[f"{prefix}_lift"] = round(final - base, 4)
+        result[f"{prefix}_final_ci"] = [round(x, 4) for x in wilson(final * n, n)]
+        result[f"{prefix}_steps"] = statistics.median(r["steps"] for r in group)
+    trl = [r for r in runs if r["system"] == "trl"]
+    ours = {r["seed"]: r for r in runs if r["system"] == "art-ray" and r["task"] == "code_math"}
+    if trl and ours:
+        # per seed: the minutes art-ray's run takes to reach the final correctness of TRL's run of that seed,
+        # and the minutes TRL took to first reach it
+        rows, mine, ratios = [], [], []
+        for theirs in trl:
+            target = theirs["points"][-1]["correct"]
+            trl_minutes = first_minutes_at(theirs["points"], target)
+            ours_run = ours.get(theirs["seed"])
+            minutes = first_minutes_at(ours_run["points"], target) if ours_run else None
+            reached = minutes if minutes is not None else "not reached"
+            rows.append([theirs["seed"], target, reached, trl_minutes])
+            if minutes is not None:
+                mine.append(minutes)
+                if trl_minutes:
+                    ratios.append(minutes / trl_minutes)
+        print_table(
+            "training minutes to the final held-out correctness of TRL's run (per seed)",
+            ["seed", "TRL final", "art-ray minutes", "TRL minutes (first evaluation at its final)"],
+            rows,
+        )
+        result["minutes_to_trl_final"] = round(statistics.median(mine), 3) if len(mine) == len(trl) else None
+        result["ratio_to_trl"] = round(statistics.median(ratios), 3) if len(ratios) == len(trl) else None
+    return result
+
+
+async def run(
+    args: argparse.Namespace,
+    backend=None,
+    free_trainer: Callable[[str], None] | None = None,  # noqa: ANN001
+) -> dict:
+    """The bench on `backend` (default: a RayBackend of its own, shut down after); prints and returns the
+    headline figures. `free_trainer(name)` frees a finished run's trainer (default: stop them all)."""
+    from art_ray import RayBackend
+
+    tasks = bench_tasks(args)  # before the backend: its workers get the examples' folders on their path
+    with tempfile.TemporaryDirectory() as workdir:
+        own = backend is None
+        if backend is None:
+            backend = RayBackend(storage=f"{workdir}/art_ray", port=free_port())
+        free = free_trainer or (lambda _name: backend.stop_trainers())
+        try:
+            runs = await art_ray_runs(args, tasks, backend, free)
+        finally:
+            if own:
+                backend.shutdown()
+        code_math = [task for task in tasks if task.name == "code_math"]
+        if not args.skip_trl and code_math:
+            for seed in args.seeds:
+                runs.append(await asyncio.to_thread(trl_curve, args, seed, workdir, code_math[0]))
+    title = f"{args.model}, {len(args.seeds)} seed(s), {args.minutes:g} training minutes per run"
+    plot(runs, args.plot, title)
+    result = summarize(runs, args)
+    result["plot"] = str(args.plot)
+    print_result(result)
+    return result
+
+
+if __name__ == "__main__":
+    asyncio.run(run(parse_args()))
