@@ -426,9 +426,14 @@ async def run(
         if not args.skip_trl and code_math:
             for seed in args.seeds:
                 runs.append(await asyncio.to_thread(trl_curve, args, seed, workdir, code_math[0]))
+    return report(runs, args)
+
+
+def report(runs: list[dict], args: argparse.Namespace) -> dict:
+    """The plot, every run's curve beside it (to re-plot or compare later runs with), the tables and the
+    last JSON line; returns the headline figures."""
     title = f"{args.model}, {len(args.seeds)} seed(s), {args.minutes:g} training minutes per run"
     plot(runs, args.plot, title)
-    # every run's curve beside the picture, to re-plot or compare later runs with
     args.plot.with_suffix(".json").write_text(json.dumps({"title": title, "runs": runs}, indent=1))
     result = summarize(runs, args)
     result["plot"] = str(args.plot)

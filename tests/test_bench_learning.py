@@ -4,6 +4,7 @@ intervals, MLflow curve and plot come out. The bench's own numbers come from `py
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -41,18 +42,21 @@ def test_the_same_held_out_items_for_every_run() -> None:
 
 @pytest.mark.slow
 async def test_the_short_form_trains_both_systems_and_reports_every_figure(smollm2_model, tmp_path) -> None:
+    """art-ray on the session's SmolLM2 backend (its engine serves that model), TRL on the tiny model (the
+    short form's), then the report: the bench's own `run` is these three calls."""
     import mlflow
 
     backend = smollm2_model.backend
     plot = tmp_path / "curves.png"
-    args = learning.parse_args(
-        [
-            "--short",
-            *("--model", "smollm2-135m", "--minutes", "0.1", "--eval-every", "0.1", "--held-out", "6"),
-            *("--groups-per-step", "2", "--group-size", "2", "--lora-rank", "8", "--plot", str(plot)),
-        ]
-    )
-    result = await learning.run(args, backend, lambda name: stop_trainer(backend, name))
+    flags = [
+        *("--short", "--minutes", "0.1", "--eval-every", "0.1", "--held-out", "6", "--lora-rank", "8"),
+        *("--groups-per-step", "2", "--group-size", "2", "--plot", str(plot)),
+    ]
+    args = learning.parse_args([*flags, "--model", "smollm2-135m"])
+    tasks = learning.bench_tasks(args)
+    runs = await learning.art_ray_runs(args, tasks, backend, lambda name: stop_trainer(backend, name))
+    runs.append(learning.trl_curve(learning.parse_args(flags), 0, str(tmp_path), tasks[0]))
+    result = learning.report(runs, args)
 
     for prefix in ("code_math", "trl"):
         assert 0.0 <= result[f"{prefix}_base"] <= 1.0 and 0.0 <= result[f"{prefix}_final"] <= 1.0
@@ -60,8 +64,10 @@ async def test_the_short_form_trains_both_systems_and_reports_every_figure(smoll
         low, high = result[f"{prefix}_final_ci"]
         assert low <= result[f"{prefix}_final"] <= high
         assert result[f"{prefix}_steps"] >= 1  # the budget bought at least one trained step
-    assert "ratio_to_trl" in result and "minutes_to_trl_final" in result
+    assert {"ratio_to_trl", "minutes_to_trl_final", "trl_best", "ratio_to_trl_best"} <= result.keys()
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = json.loads(plot.with_suffix(".json").read_text())
+    assert [run["system"] for run in saved["runs"]] == ["art-ray", "trl"]
     # the held-out curve is in MLflow beside the reward: before training and after the budget
     mlflow.set_tracking_uri(backend.tracking_uri)
     (run,) = mlflow.search_runs(
