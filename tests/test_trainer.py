@@ -157,7 +157,9 @@ def one_rank_adapter(inference_app, rollouts, tmp_path_factory) -> dict[str, tor
     return adapter
 
 
-@pytest.mark.parametrize("zero_stage", [0, 1, 2, 3])
+# ZeRO-1 is left out: DeepSpeed runs stages 1 and 2 through one optimizer (stage_1_and_2.py), stage 2 also
+# partitioning the gradients, so stage 2 exercises stage 1's path and more (and 36 s of suite time).
+@pytest.mark.parametrize("zero_stage", [0, 2, 3])
 def test_world_size_2_gives_the_same_adapter_as_world_size_1(
     inference_app, rollouts, one_rank_adapter, tmp_path, zero_stage
 ) -> None:
