@@ -107,10 +107,9 @@ async def art_ray_curve(backend, task, seed: int, args: argparse.Namespace) -> d
     """One fresh model trained for the budget; held-out correctness at each evaluation."""
     import random
 
-    from loop import evaluate
+    from loop import evaluate, gather_and_train
 
-    import art_ray
-    from art_ray import LoRASpec, ModelConfig, TrainableModel, TrainConfig
+    from art_ray import LoRASpec, ModelConfig, TrainableModel
 
     run = settings(task, args)
     model = TrainableModel(
@@ -153,19 +152,9 @@ async def art_ray_curve(backend, task, seed: int, args: argparse.Namespace) -> d
     await held_out(0.0)
     while train_s < budget:
         started = time.perf_counter()
-        scenarios = [task.train_scenarios(rng) for _ in range(run.groups_per_step)]
-        groups = await art_ray.gather_trajectory_groups(
-            (
-                art_ray.TrajectoryGroup(
-                    task.rollout(model, scenario, task.train_temperature) for _ in range(run.group_size)
-                )
-                for scenario in scenarios
-            ),
-            pbar_desc=None,
-            max_exceptions=0.1,
+        groups = await gather_and_train(
+            task, model, rng, run.groups_per_step, run.group_size, run.learning_rate, run.scale_rewards
         )
-        config = TrainConfig(learning_rate=run.learning_rate, scale_rewards=run.scale_rewards)
-        await model.train(groups, config, verbose=False)
         train_s += time.perf_counter() - started
         rewards.append(statistics.fmean(t.reward for g in groups for t in g))
         if train_s >= budget or train_s >= next_eval:
@@ -330,8 +319,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.model = args.model or ("tiny" if short else "smollm2-135m")
     args.held_out = args.held_out or (16 if short else None)
     args.eval_every = args.eval_every or (1.0 if short else None)
-    default_plot = Path(tempfile.gettempdir()) / "learning_curves_short.png" if short else ROOT / "docs"
-    args.plot = args.plot or (default_plot if short else default_plot / "learning_curves.png")
+    short_plot = Path(tempfile.gettempdir()) / "learning_curves_short.png"
+    args.plot = args.plot or (short_plot if short else ROOT / "docs" / "learning_curves.png")
     return args
 
 

@@ -117,6 +117,33 @@ async def evaluate(task: AgentTask, model: TrainableModel) -> art_ray.Trajectory
     )
 
 
+async def gather_and_train(
+    task: AgentTask,
+    model: TrainableModel,
+    rng: random.Random,
+    groups_per_step: int,
+    group_size: int,
+    learning_rate: float,
+    scale_rewards: bool,
+) -> list[art_ray.TrajectoryGroup]:
+    """One GRPO step: `groups_per_step` new scenarios, `group_size` rollouts each (as Ray work), one train
+    call; returns the groups it trained on."""
+    scenarios = [task.train_scenarios(rng) for _ in range(groups_per_step)]
+    groups = await art_ray.gather_trajectory_groups(
+        (
+            art_ray.TrajectoryGroup(
+                task.rollout(model, scenario, task.train_temperature) for _ in range(group_size)
+            )
+            for scenario in scenarios
+        ),
+        pbar_desc=None,
+        max_exceptions=0.1,
+    )
+    config = TrainConfig(learning_rate=learning_rate, scale_rewards=scale_rewards)
+    await model.train(groups, config, verbose=False)
+    return groups
+
+
 def row(step: int | str, summary: dict[str, float], keys: Sequence[str], seconds: float | None) -> str:
     cells = [f"{step!s:>6}", f"{summary['reward']:>7.3f}", *(f"{summary[k]:>9.3f}" for k in keys)]
     return "  ".join([*cells, f"{seconds:>7.1f}" if seconds is not None else f"{'':>7}"])
@@ -153,21 +180,9 @@ async def train_and_evaluate(task: AgentTask, args: argparse.Namespace) -> dict:
         held_out = baseline
         for step in range(first_step, args.steps):
             step_start = time.time()
-            scenarios = [task.train_scenarios(rng) for _ in range(args.groups_per_step)]
-            group_size = args.group_size
-            groups = await art_ray.gather_trajectory_groups(
-                (
-                    art_ray.TrajectoryGroup(
-                        task.rollout(model, scenario, task.train_temperature) for _ in range(group_size)
-                    )
-                    for scenario in scenarios
-                ),
-                pbar_desc=None,
-                max_exceptions=0.1,
-            )
+            per_step = (args.groups_per_step, args.group_size, args.learning_rate, task.scale_rewards)
+            groups = await gather_and_train(task, model, rng, *per_step)
             samples = means(art_ray.TrajectoryGroup([t for g in groups for t in g]), keys)
-            config = TrainConfig(learning_rate=args.learning_rate, scale_rewards=task.scale_rewards)
-            await model.train(groups, config, verbose=False)
             held_out = await evaluate(task, model)
             await model.log([held_out], split="val")
             print(row(step + 1, samples, keys, time.time() - step_start) + "  (samples)")
