@@ -83,14 +83,74 @@ def test_multi_turn_tool_trajectory_keeps_exact_sampled_ids_and_masks_only_assis
     assert stats.tokenization_drift == 0
 
 
-def test_drifted_context_starts_a_new_sequence_and_is_counted(tokenizer) -> None:
+def test_drift_in_a_rerendered_turn_keeps_one_sequence_with_the_sampled_ids(tokenizer) -> None:
+    """As the email agent's calls drift: the server re-serialized the sampled call's JSON (other spacing,
+    another split), and ART's splice keeps the conversation one sequence: turn 1's sampled ids, then
+    turn 2's prompt from the end of its re-rendered turn 1 on."""
+    trajectory, p = tool_trajectory(tokenizer)
+    rerendered = tokenizer.encode(
+        '<tool_call>\n{"name":"add"}\n</tool_call><|im_end|>', add_special_tokens=False
+    )
+    assert rerendered != p["sampled1"]
+    trajectory.messages_and_choices[-1].prompt_token_ids = p["prompt1"] + rerendered + p["tool_turn"]
+    stats = TokenizeStats()
+    [sequence] = history_sequences(trajectory.messages_and_choices, None, tokenizer, stats)
+    assert sequence.input_ids == p["prompt1"] + p["sampled1"] + p["tool_turn"] + p["sampled2"]
+    trained = [lp for lp, t in zip(sequence.logprobs, sequence.trainable, strict=True) if t]
+    assert trained == pytest.approx([*p["logprobs1"], *p["logprobs2"]])
+    assert (stats.tokenization_drift, stats.tokenization_drift_cuts) == (1, 0)
+
+
+def test_a_third_turn_after_a_spliced_one_extends_the_same_sequence(tokenizer) -> None:
+    trajectory, p = tool_trajectory(tokenizer)
+    rerendered = tokenizer.encode(
+        '<tool_call>{"name":  "add"}</tool_call><|im_end|>', add_special_tokens=False
+    )
+    prompt2 = p["prompt1"] + rerendered + p["tool_turn"]
+    trajectory.messages_and_choices[-1].prompt_token_ids = prompt2
+    user_turn = tokenizer.encode("\n<|im_start|>user\nThanks<|im_end|>\n<|im_start|>assistant\n")
+    sampled3 = tokenizer.encode("Welcome!<|im_end|>", add_special_tokens=False)
+    third = served_choice("Welcome!", tuple(sampled3), (-0.2,) * len(sampled3))
+    third.prompt_token_ids = prompt2 + p["sampled2"] + user_turn  # turn 2 re-rendered as it was sampled
+    trajectory.messages_and_choices += [{"role": "user", "content": "Thanks"}, third]
+    stats = TokenizeStats()
+    [sequence] = history_sequences(trajectory.messages_and_choices, None, tokenizer, stats)
+    spliced = p["prompt1"] + p["sampled1"] + p["tool_turn"] + p["sampled2"]
+    assert sequence.input_ids == spliced + user_turn + sampled3
+    assert sequence.num_trainable == len(p["sampled1"]) + len(p["sampled2"]) + len(sampled3)
+    assert (stats.tokenization_drift, stats.tokenization_drift_cuts) == (1, 0)
+
+
+def test_drift_whose_rerendered_turn_cannot_be_found_starts_a_new_sequence(tokenizer) -> None:
+    # the re-rendered turn 1 lost its end-of-turn token: a role marker comes first, so no splice
     trajectory, p = tool_trajectory(tokenizer, drift=True)
     stats = TokenizeStats()
     first, second = history_sequences(trajectory.messages_and_choices, None, tokenizer, stats)
-    assert stats.tokenization_drift == 1
+    assert (stats.tokenization_drift, stats.tokenization_drift_cuts) == (1, 1)
     assert first.input_ids == p["prompt1"] + p["sampled1"]
     assert second.input_ids == p["prompt1"] + p["sampled1"][:-2] + p["tool_turn"] + p["sampled2"]
     assert second.num_trainable == len(p["sampled2"])
+
+
+def test_drift_after_a_cut_off_turn_starts_a_new_sequence(tokenizer) -> None:
+    # turn 1 hit max_tokens: it has no end-of-turn token, so where its re-rendering ends is unknown
+    trajectory, p = tool_trajectory(tokenizer)
+    first = trajectory.messages_and_choices[2]
+    cut_off = p["sampled1"][:-1]
+    trajectory.messages_and_choices[2] = served_choice(
+        "",
+        tuple(cut_off),
+        p["logprobs1"][:-1],
+        tuple(p["prompt1"]),
+        tool_calls=first.message.model_dump()["tool_calls"],
+    )
+    rerendered = tokenizer.encode(
+        '<tool_call>\n{"name":"add"}\n</tool_call><|im_end|>', add_special_tokens=False
+    )
+    trajectory.messages_and_choices[-1].prompt_token_ids = p["prompt1"] + rerendered + p["tool_turn"]
+    stats = TokenizeStats()
+    sequences = history_sequences(trajectory.messages_and_choices, None, tokenizer, stats)
+    assert len(sequences) == 2 and (stats.tokenization_drift, stats.tokenization_drift_cuts) == (1, 1)
 
 
 def test_choice_without_prompt_ids_uses_the_chat_template(tokenizer) -> None:

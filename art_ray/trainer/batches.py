@@ -5,10 +5,13 @@ context in front of it is the prompt the engine saw (the choice's `prompt_token_
 template's rendering when the server did not return it. Nothing the model wrote is re-tokenized.
 
 Multi-turn drift: the server renders turn k+1's prompt from the text of turn k, and that re-rendering
-may not reproduce turn k's sampled ids. Training the turns as one sequence would then condition turn
-k+1 on tokens the model never saw. As verl and ART recommend, trust the engine's ids: the sequence is
-cut there and turn k+1 starts a new sequence on exactly the prompt it was sampled from; the cut is
-counted in `data/tokenization_drift`.
+may not reproduce turn k's sampled ids (a tool call's JSON re-serialized, whitespace, another split of
+the same text). As ART does, the conversation stays one sequence: turn k keeps its sampled ids and the
+context after it is turn k+1's prompt from the end of the re-rendered message (its end-of-turn token)
+on, so a three-turn agent costs one forward over its conversation, not three over ever longer prompts.
+Where that end cannot be found for sure (turn k was cut off before its end-of-turn token, or the
+prompts differ before turn k), the sequence is cut and turn k+1 starts a new one on exactly the prompt
+it was sampled from. Both are counted: `data/tokenization_drift` and `data/tokenization_drift_cuts`.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class TokenizeStats:
     num_groups_trainable: int = 0
     num_trajectories: int = 0
     tokenization_drift: int = 0
+    tokenization_drift_cuts: int = 0
     trainable_tokens: int = 0
 
     def metrics(self) -> dict[str, float]:
@@ -71,6 +75,7 @@ class TokenizeStats:
             "data/step_num_groups_trainable": float(self.num_groups_trainable),
             "data/step_num_trajectories": float(self.num_trajectories),
             "data/tokenization_drift": float(self.tokenization_drift),
+            "data/tokenization_drift_cuts": float(self.tokenization_drift_cuts),
             "data/step_trainable_tokens": float(self.trainable_tokens),
         }
 
@@ -108,17 +113,23 @@ def history_sequences(
     plain_assistant: bool = False,
     sampled_logprobs: bool = True,
 ) -> list[TokenSequence]:
-    """The sequences of one conversation (one, unless multi-turn drift forces a cut). Trained: each
-    choice's sampled tokens, and with `plain_assistant` the assistant messages given as dicts too.
-    Without `sampled_logprobs` every trained token counts as sampled by the current policy (NaN old
-    logprob: ratio 1), as in SFT."""
+    """The sequences of one conversation (one, unless multi-turn drift forces a cut: see the module's
+    docstring). Trained: each choice's sampled tokens, and with `plain_assistant` the assistant messages
+    given as dicts too. Without `sampled_logprobs` every trained token counts as sampled by the current
+    policy (NaN old logprob: ratio 1), as in SFT."""
     from openai.types.chat.chat_completion import Choice
 
     from art_ray.trajectories import get_messages
 
     messages = get_messages(messages_and_choices)
+    special = set(tokenizer.all_special_ids)
     sequences: list[TokenSequence] = []
     current = TokenSequence()
+    # what the engine had seen after the last turn (its prompt, then its sampled ids), and the
+    # end-of-turn token that turn ended with (None: it was cut off, or has role markers inside)
+    previous_prompt: list[int] = []
+    seen: list[int] = []
+    turn_end_token: int | None = None
     for index, item in enumerate(messages_and_choices):
         if isinstance(item, Choice):
             tokens = sampled_tokens(item)
@@ -132,14 +143,41 @@ def history_sequences(
             continue
         if not sampled_logprobs:
             logprobs = [math.nan] * len(token_ids)
-        if prompt[: len(current.input_ids)] != current.input_ids:
+        if prompt[: len(seen)] == seen:
+            current.extend(prompt[len(seen) :])
+        else:
             stats.tokenization_drift += 1
-            sequences.append(current)
-            current = TokenSequence()
-        current.extend(prompt[len(current.input_ids) :])
+            resume = _after_rerendered_turn(prompt, previous_prompt, turn_end_token, special)
+            if resume is None:
+                stats.tokenization_drift_cuts += 1
+                sequences.append(current)
+                current = TokenSequence()
+                current.extend(prompt)
+            else:
+                current.extend(prompt[resume:])
         current.extend(token_ids, logprobs)
+        previous_prompt, seen = prompt, [*prompt, *token_ids]
+        ends_turn = bool(token_ids) and token_ids[-1] in special
+        turn_end_token = token_ids[-1] if ends_turn and not special.intersection(token_ids[:-1]) else None
     sequences.append(current)
     return [sequence for sequence in sequences if sequence.num_trainable]
+
+
+def _after_rerendered_turn(
+    prompt: list[int], previous_prompt: list[int], turn_end_token: int | None, special: set[int]
+) -> int | None:
+    """Where, in a drifted prompt, the context after the re-rendered previous turn starts: after the first
+    end-of-turn token past the previous prompt, with no other special token (a role marker) before it.
+    None where that cannot be told for sure."""
+    start = len(previous_prompt)
+    if turn_end_token is None or prompt[:start] != previous_prompt:
+        return None
+    for position in range(start, len(prompt)):
+        if prompt[position] == turn_end_token:
+            return position + 1
+        if prompt[position] in special:
+            return None
+    return None
 
 
 def tokenize_groups(
