@@ -111,7 +111,9 @@ def head_node(monkeypatch):
 MAX_STEPS = 10
 
 
-def test_submitted_one_word_job_learns_and_leaves_checkpoints_and_mlflow_run(head_node, tmp_path, capfd) -> None:
+def test_submitted_one_word_job_learns_and_leaves_checkpoints_and_mlflow_run(
+    head_node, tmp_path, capfd
+) -> None:
     storage = tmp_path / "runs"
     code = art_ray_cli(
         [
