@@ -107,21 +107,16 @@ async def art_ray_curve(backend, task, seed: int, args: argparse.Namespace) -> d
     """One fresh model trained for the budget; held-out correctness at each evaluation."""
     import random
 
-    from loop import evaluate, gather_and_train
+    from loop import evaluate, gather_and_train, task_model_config
 
-    from art_ray import LoRASpec, ModelConfig, TrainableModel
+    from art_ray import TrainableModel
 
     run = settings(task, args)
     model = TrainableModel(
         name=run_name(task, seed),
         project="bench-learning",
         base_model=args.model,
-        config=ModelConfig(
-            lora=LoRASpec(r=run.lora_rank, alpha=2 * run.lora_rank),
-            sequence_length=task.max_model_len,
-            max_model_len=task.max_model_len,
-            seed=seed,
-        ),
+        config=task_model_config(task, run.lora_rank, seed=seed),
     )
     await model.register(backend)
     points: list[dict] = []

@@ -144,6 +144,21 @@ async def gather_and_train(
     return groups
 
 
+def task_model_config(task: AgentTask, lora_rank: int, **settings: Any) -> ModelConfig:
+    """The task's model settings (`settings` override them): conversations up to `max_model_len`, one
+    packed row per forward (on CPU a bigger micro-batch buys no speed and its activations grow with it:
+    1280-token rows of SmolLM2 trained at 140 tokens/s one row at a time, 92 four at a time, in 20 GB)."""
+    return ModelConfig(
+        **{
+            "lora": LoRASpec(r=lora_rank, alpha=2 * lora_rank),
+            "sequence_length": task.max_model_len,
+            "max_model_len": task.max_model_len,
+            "micro_batch_rows": 1,
+            **settings,
+        }
+    )
+
+
 def row(step: int | str, summary: dict[str, float], keys: Sequence[str], seconds: float | None) -> str:
     cells = [f"{step!s:>6}", f"{summary['reward']:>7.3f}", *(f"{summary[k]:>9.3f}" for k in keys)]
     return "  ".join([*cells, f"{seconds:>7.1f}" if seconds is not None else f"{'':>7}"])
@@ -156,14 +171,7 @@ async def train_and_evaluate(task: AgentTask, args: argparse.Namespace) -> dict:
         name=args.name,
         project=args.project,
         base_model=args.model,
-        config=ModelConfig(
-            **{
-                "lora": LoRASpec(r=args.lora_rank, alpha=2 * args.lora_rank),
-                "sequence_length": task.max_model_len,
-                "max_model_len": task.max_model_len,
-                **args.model_config,
-            }
-        ),
+        config=task_model_config(task, args.lora_rank, **args.model_config),
     )
     try:
         await model.register(backend)
