@@ -62,6 +62,8 @@ def test_sft_batches_train_every_assistant_turn_at_ratio_one() -> None:
     old logprob is kept (NaN: ratio 1, the loss is the cross-entropy)."""
 
     class Tokenizer:
+        all_special_ids: list[int] = []
+
         def apply_chat_template(self, messages, tools=None, add_generation_prompt=False, tokenize=False):  # noqa: ANN001, ANN201
             text = "".join(f"<{m['role']}>{m['content']}</>" for m in messages)
             return text + ("<assistant>" if add_generation_prompt else "")
