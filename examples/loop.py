@@ -188,8 +188,15 @@ async def train_and_evaluate(task: AgentTask, args: argparse.Namespace) -> dict:
         held_out = baseline
         for step in range(first_step, args.steps):
             step_start = time.time()
-            per_step = (args.groups_per_step, args.group_size, args.learning_rate, task.scale_rewards)
-            groups = await gather_and_train(task, model, rng, *per_step)
+            groups = await gather_and_train(
+                task,
+                model,
+                rng,
+                groups_per_step=args.groups_per_step,
+                group_size=args.group_size,
+                learning_rate=args.learning_rate,
+                scale_rewards=task.scale_rewards,
+            )
             samples = means(art_ray.TrajectoryGroup([t for g in groups for t in g]), keys)
             held_out = await evaluate(task, model)
             await model.log([held_out], split="val")
