@@ -3,9 +3,13 @@ the worker that sets its own threads. (Every engine the integration tests start 
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import signal
 import sys
+import time
 import types
+from multiprocessing.connection import Connection
 
 import pytest
 import torch
@@ -26,7 +30,13 @@ def spawning(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     monkeypatch.setattr(system_utils, "is_in_ray_actor", lambda: True)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     monkeypatch.setattr(setproctitle, "setproctitle", setproctitle.setproctitle)  # restored after
+    # the watch is process-wide and permanent: pytest's own forks are left alone (tested below in a child)
+    monkeypatch.setattr(cpu_fork, "end_forked_children_with_this_process", lambda: watched.append(True))
+    watched.clear()
     return monkeypatch
+
+
+watched: list[bool] = []
 
 
 def test_an_engine_core_outside_ray_forks_its_worker(spawning: pytest.MonkeyPatch) -> None:
@@ -53,6 +63,42 @@ def test_a_replica_forks_its_engine_core(spawning: pytest.MonkeyPatch) -> None:
     from ray import _raylet
 
     assert setproctitle.setproctitle is _raylet.setproctitle  # a forked child can name itself VLLM::...
+    assert watched  # the engine core stops if the replica is killed outright
+
+
+def _replica_forking_an_engine_core(pids: Connection) -> None:
+    cpu_fork.end_forked_children_with_this_process()
+    engine_core = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
+    engine_core.start()
+    pids.send(engine_core.pid)
+    time.sleep(60)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+def test_a_forked_engine_core_stops_when_its_replica_is_killed_outright() -> None:
+    """SIGKILL (the OOM killer, `ray stop --force`) gives the replica no chance to end its children."""
+    context = multiprocessing.get_context("fork")
+    reader, writer = context.Pipe(duplex=False)
+    replica = context.Process(target=_replica_forking_an_engine_core, args=(writer,))
+    replica.start()
+    engine_core = reader.recv()
+    try:
+        os.kill(replica.pid, signal.SIGKILL)
+        replica.join()
+        deadline = time.monotonic() + 5 * cpu_fork.PARENT_POLL_S
+        while _running(engine_core):
+            assert time.monotonic() < deadline, "the engine core outlived its replica"
+            time.sleep(0.1)
+    finally:
+        if _running(engine_core):
+            os.kill(engine_core, signal.SIGKILL)
 
 
 def test_a_replica_with_openmp_threads_keeps_spawning(spawning: pytest.MonkeyPatch) -> None:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
 
 import httpx
 import openai
+import psutil
 import pytest
 import ray
 import torch
@@ -227,7 +230,12 @@ def test_restarted_replica_serves_every_kept_version(inference_app) -> None:
     ]
     assert len(replicas) == 2
     victim = ray.get_actor(replicas[0]["name"], namespace=replicas[0]["namespace"])
-    ray.kill(victim, no_restart=True)
+    victim_pid = ray.get(victim.__ray_call__.remote(lambda replica: os.getpid()))
+    engine = psutil.Process(victim_pid).children(recursive=True)  # the engine core and its worker
+    assert {process.name() for process in engine} >= {"VLLM::EngineCore", "VLLM::Worker"}
+    os.kill(victim_pid, signal.SIGKILL)  # as the OOM killer does: the replica cannot end its children
+    _, alive = psutil.wait_procs(engine, timeout=20)
+    assert not alive, "the killed replica's engine outlived it"
     deadline = time.monotonic() + 240
     while True:
         status = serve.status().applications[inference_app.app_name]

@@ -14,6 +14,11 @@ children. A forked worker cannot take its OpenMP threads from the environment (i
 set up in the replica, one thread under Ray, which is also why it has no thread pool a child could
 inherit half-made): ForkedCPUWorker (cpu_worker.py) sets them itself.
 
+A replica killed outright (the OOM killer, `ray stop --force`) gets no chance to end its children, and Ray
+ends a worker's children only when the worker exits itself: the engine core, holding the KV cache and the
+model, would live on under init. So each forked child watches its parent and stops itself when the parent
+is gone (`end_forked_children_with_this_process`); its own worker follows (vLLM's death pipe, and the watch).
+
 - `fork_engine_core()`: the replica calls it once its engine config is built (the CPU platform has set
   spawn by then) and before the engine starts. It tells `_maybe_force_spawn` that this is no Ray actor
   (the one check that forces spawn there) and sets fork, which the engine core inherits for its worker.
@@ -26,7 +31,10 @@ ART_RAY_CPU_FORK=0 turns both off (every process spawned, as vLLM does).
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
+import time
 
 METHOD = "VLLM_WORKER_MULTIPROC_METHOD"
 
@@ -64,6 +72,7 @@ def fork_engine_core() -> bool:
 
     system_utils.is_in_ray_actor = _not_in_a_ray_actor
     os.environ[METHOD] = "fork"
+    end_forked_children_with_this_process()
     _name_forked_children_as_ray_does()
     return True
 
@@ -79,3 +88,31 @@ def _name_forked_children_as_ray_does() -> None:
     from ray import _raylet
 
     setproctitle.setproctitle = _raylet.setproctitle
+
+
+PARENT_POLL_S = 1.0
+GRACE_S = 10.0
+_watching = False
+
+
+def end_forked_children_with_this_process() -> None:
+    """Every process forked from here on (and, inherited, from them) stops when its parent is gone: SIGTERM
+    to itself, so vLLM shuts down and frees its shared memory, then exit after a grace period. A poll of the
+    parent id, not PR_SET_PDEATHSIG, which fires when the forking *thread* ends, not the process."""
+    global _watching
+    if not _watching:
+        _watching = True
+        os.register_at_fork(after_in_child=_watch_parent)
+
+
+def _watch_parent() -> None:
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(GRACE_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="art-ray-parent-watch", daemon=True).start()
