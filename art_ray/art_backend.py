@@ -68,7 +68,6 @@ UNSUPPORTED_AT_DEFAULT: dict[str, Any] = {
     "max_negative_advantage_importance_sampling_weight": None,
     "mask_prob_ratio": False,
     "kimi_k2_tau": None,
-    "precalculate_logprobs": False,
     "plot_tensors": False,
     "scale_learning_rate_by_reward_std_dev": False,
     "logprob_calculation_chunk_size": 1024,
@@ -116,6 +115,7 @@ def train_config_from_art(kwargs: dict[str, Any]) -> tuple[TrainConfig, bool]:
             "truncated_importance_sampling",
             "packed_sequence_length",
             "allow_training_without_logprobs",
+            "precalculate_logprobs",
         )
         if name in given
     }

@@ -32,6 +32,12 @@ class TrainConfig(pydantic.BaseModel):
     # ART's KL penalty: each token's advantage moves by coef * (mean KL - its KL) against the base model
     # (adapter disabled); unlike `beta` it shapes advantages rather than adding a loss term.
     kl_penalty_coef: float = pydantic.Field(default=0.0, ge=0)
+    # Old logprobs from the trainer (its policy before this call's first update) instead of the sampler's,
+    # as ART's option of this name; the sampler's then only weigh tokens for truncated_importance_sampling.
+    # For sampling the trainer cannot reproduce: a tool-call grammar (tool_choice "required" or a named
+    # tool) renormalizes the engine's logprobs over the tokens it allows, so a forced token reads 0.0 and a
+    # constrained choice's ratio is the probability of the allowed set, clipped as if it were off-policy.
+    precalculate_logprobs: bool = False
     # Packed row length for this call (None: ModelConfig.sequence_length).
     packed_sequence_length: int | None = pydantic.Field(default=None, ge=16)
     # Train assistant messages that carry no sampled tokens (plain dicts: tokens from the chat template),

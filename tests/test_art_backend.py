@@ -62,6 +62,7 @@ def test_art_kwargs_map_onto_train_config() -> None:
             "packed_sequence_length": 1024,
             "save_checkpoint": False,
             "allow_training_without_logprobs": True,
+            "precalculate_logprobs": True,
             "advantage_balance": 0.0,  # an unsupported kwarg at ART's default is harmless
             "verbose": True,
         }
@@ -70,7 +71,7 @@ def test_art_kwargs_map_onto_train_config() -> None:
     assert not config.scale_rewards  # normalize_advantages=False turns scaling off
     assert (config.kl_penalty_coef, config.importance_sampling_level) == (0.1, "sequence")
     assert (config.truncated_importance_sampling, config.packed_sequence_length) == (2.0, 1024)
-    assert config.allow_training_without_logprobs and not save
+    assert config.allow_training_without_logprobs and config.precalculate_logprobs and not save
 
 
 @pytest.mark.parametrize(

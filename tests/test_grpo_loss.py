@@ -144,3 +144,21 @@ def test_trained_positions_only_gives_the_full_logits_gradient() -> None:
     for kept, full in zip(kept_grads, full_grads, strict=True):
         torch.testing.assert_close(kept, full)
     assert trained_positions(torch.zeros(2, 8)).tolist() == [0]
+
+
+def test_truncated_importance_sampling_weighs_by_the_sampler_when_old_logprobs_are_precalculated() -> None:
+    """precalculate_logprobs (ART): the ratio is against the trainer's old policy, and the truncated weight
+    is exp(old - sampler), capped, as ART's loss; a sampler logprob missing (NaN) weighs 1."""
+    config = TrainConfig(policy_loss="cispo", truncated_importance_sampling=1.5)
+    old = torch.tensor(LOGP)  # the trainer's policy before the update: every ratio is 1
+    sampler = torch.tensor([-0.5, -3.0, math.nan, -0.2, 0.0])
+    result = policy_loss(
+        torch.tensor(LOGP), old, torch.tensor(ADV), torch.tensor(WEIGHTS), config, sampler_logprobs=sampler
+    )
+    weights = [
+        min(math.exp(lp - s), 1.5) if not math.isnan(s) else 1.0
+        for lp, s in zip(LOGP, sampler.tolist(), strict=True)
+    ]
+    expected = sum(-w * a * lp * tw for w, a, lp, tw in zip(weights, ADV, LOGP, WEIGHTS, strict=True))
+    assert result.policy_loss.item() == pytest.approx(expected, rel=1e-5)
+    assert result.clip_fraction.item() == 0

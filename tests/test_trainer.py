@@ -12,6 +12,7 @@ import math
 import openai
 import pytest
 import torch
+from openai.types.chat.chat_completion import Choice
 
 from art_ray import ModelConfig, TrainConfig, Trajectory, TrajectoryGroup, sampled_tokens
 from art_ray.adapters.spec import LoRASpec
@@ -168,6 +169,49 @@ def test_world_size_2_gives_the_same_adapter_as_world_size_1(
     # (eps 1e-4 here) turns into differences of 2-3e-7 (measured); the update itself is ~1e-2, so 1e-5
     # still fails on any real divergence. Stages 0-2 have matched exactly.
     assert_same_adapter(one_rank_adapter, two, atol=1e-5 if zero_stage == 3 else 1e-6)
+
+
+def as_if_a_grammar_forced_every_token(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
+    """The rollouts with every sampled logprob 0.0: what the engine reports for a token that a tool-call
+    grammar forced (its logprobs are renormalized over the tokens the grammar allows)."""
+    forced = []
+    for group in groups:
+        trajectories = []
+        for trajectory in group.trajectories:
+            items = []
+            for item in trajectory.messages_and_choices:
+                if isinstance(item, Choice):
+                    item = item.model_copy(deep=True)
+                    for token in item.logprobs.content:
+                        token.logprob = 0.0
+                items.append(item)
+            trajectories.append(trajectory.model_copy(update={"messages_and_choices": items}))
+        forced.append(TrajectoryGroup(trajectories))
+    return forced
+
+
+def test_precalculated_logprobs_train_as_if_the_sampler_had_matched_the_trainer(
+    inference_app, rollouts, one_rank_adapter, tmp_path
+) -> None:
+    """With precalculate_logprobs the ratio's denominator is the trainer's own policy before the update, so
+    logprobs the trainer cannot reproduce (all 0.0 here) train the adapter the true ones train (the
+    one-rank adapter: the same two gradient steps from the engine's real logprobs)."""
+    config = trainer_config(inference_app, "precalculated", tmp_path)
+    group = TrainerGroup(config, publish=False)
+
+    async def train() -> tuple[list, dict[str, torch.Tensor]]:
+        await group.start()
+        settings = TrainConfig(learning_rate=1e-2, num_gradient_steps=2, precalculate_logprobs=True)
+        metrics = await run_train(group, as_if_a_grammar_forced_every_token(rollouts), settings)
+        return metrics, await group.adapter_tensors()
+
+    try:
+        metrics, adapter = asyncio.run(train())
+    finally:
+        group.shutdown()
+    assert metrics[0]["loss/clip_fraction"] == 0  # the first step is the trainer's own policy: ratio 1
+    # the engine's and the trainer's logprobs of the same tokens differ by float32 rounding (~1e-6)
+    assert_same_adapter(one_rank_adapter, adapter, atol=1e-5)
 
 
 def test_resumed_run_equals_an_uninterrupted_one(inference_app, rollouts, tmp_path) -> None:

@@ -29,11 +29,15 @@ def policy_loss(
     config: TrainConfig,
     ref_logprobs: torch.Tensor | None = None,
     segments: torch.Tensor | None = None,
+    sampler_logprobs: torch.Tensor | None = None,
 ) -> PolicyLoss:
     """Per-token tensors of one shape [rows, tokens]; `weights` is 0 on context and padding, and sums to
     the share of the batch these tokens carry (each trajectory weighs the same, whatever its length).
     A NaN old logprob is a token sampled by the current policy (ratio 1: SFT, or a turn trained without
-    logprobs). `segments` (each token's sequence within its row) is needed for sequence-level ratios."""
+    logprobs). `segments` (each token's sequence within its row) is needed for sequence-level ratios.
+    `sampler_logprobs`: the sampler's, when `old_logprobs` are the trainer's (precalculate_logprobs);
+    truncated importance sampling then weighs each token by the sampler's distance from the old policy,
+    as ART does."""
     mask = weights > 0
     old_logprobs = torch.where(torch.isnan(old_logprobs), logprobs.detach(), old_logprobs)
     log_ratio = torch.where(mask, logprobs - old_logprobs, torch.zeros_like(logprobs))
@@ -59,7 +63,11 @@ def policy_loss(
         per_token = -torch.minimum(unclipped_objective, clipped_objective)
         clipped = (clipped_objective < unclipped_objective) & mask
     if config.truncated_importance_sampling is not None:
-        per_token = per_token * torch.clamp(ratio, max=config.truncated_importance_sampling).detach()
+        weight = ratio
+        if sampler_logprobs is not None:
+            sampled = torch.where(torch.isnan(sampler_logprobs), old_logprobs, sampler_logprobs)
+            weight = torch.exp(torch.where(mask, old_logprobs - sampled, torch.zeros_like(logprobs)))
+        per_token = per_token * torch.clamp(weight, max=config.truncated_importance_sampling).detach()
     policy = (per_token * weights).sum()
     if ref_logprobs is not None and config.beta > 0:
         # k3 estimator of KL(policy || reference): exp(ref - logp) - (ref - logp) - 1 >= 0

@@ -11,6 +11,7 @@ last context token is the one that predicts it, so each continuation keeps its o
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -33,12 +34,20 @@ class PackedRow:
     old_logprobs: list[float] = field(default_factory=list)
     advantages: list[float] = field(default_factory=list)
     weights: list[float] = field(default_factory=list)
+    # the sampler's logprobs when old_logprobs are the trainer's (precalculate_logprobs), else empty
+    sampler_logprobs: list[float] = field(default_factory=list)
 
     @classmethod
     def padding(cls, length: int) -> PackedRow:
         row = cls()
         row._pad(length)
         return row
+
+    def with_policy_logprobs(self, policy: list[float] | None) -> PackedRow:
+        """This row with the trainer's old logprobs (`policy`, per position; None: the current policy's,
+        NaN, ratio 1) and the sampler's kept as sampler_logprobs."""
+        old = list(policy) if policy is not None else [math.nan] * len(self.old_logprobs)
+        return dataclasses.replace(self, old_logprobs=old, sampler_logprobs=self.old_logprobs)
 
     def _pad(self, length: int) -> None:
         for name, value in (

@@ -10,7 +10,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -205,7 +205,21 @@ class TrainerWorker:
             self.step += 1
             yield {**batch.stats.metrics(), "train/nothing_trainable": 1.0}
             return
-        for index, (rows, learning_rate) in enumerate(zip(batch.steps, batch.learning_rates, strict=True)):
+        steps = batch.steps
+        if train_config.precalculate_logprobs:
+            # the policy before the first update: step 0 computes it as it trains (ratio 1); the later
+            # steps' is computed now, before anything moves
+            steps = [
+                [row.with_policy_logprobs(None) for row in steps[0]],
+                *(
+                    [
+                        row.with_policy_logprobs(policy)
+                        for row, policy in zip(rows, self._logprobs(rows), strict=True)
+                    ]
+                    for rows in steps[1:]
+                ),
+            ]
+        for index, (rows, learning_rate) in enumerate(zip(steps, batch.learning_rates, strict=True)):
             metrics = self._gradient_step(rows, train_config, learning_rate)
             metrics.update(batch.stats.metrics())
             metrics["train/gradient_step"] = float(index)
@@ -237,9 +251,7 @@ class TrainerWorker:
         self.engine.clip_fp32_gradients = clip_and_record
         self.engine.train()
         totals = torch.zeros(7, dtype=torch.float64)  # loss, policy, kl, clip*w, entropy*w, tokens, weight
-        micro = self.settings.micro_batch_rows
-        batches = [rows[i : i + micro] for i in range(0, len(rows), micro)] or [[]]
-        for batch in batches:
+        for batch in self._micro_batches(rows):
             totals += self._forward_backward(batch, train_config)
         self.engine.step()
         dist.all_reduce(totals, op=dist.ReduceOp.SUM)
@@ -261,14 +273,21 @@ class TrainerWorker:
             "time/step_seconds": seconds,
         }
 
-    def _forward_backward(self, batch: list[PackedRow], train_config: TrainConfig) -> torch.Tensor:
+    def _micro_batches(self, rows: list[PackedRow]) -> list[list[PackedRow]]:
+        micro = self.settings.micro_batch_rows
+        return [rows[i : i + micro] for i in range(0, len(rows), micro)] or [[]]
+
+    def _inputs(
+        self, batch: list[PackedRow]
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, Callable[..., torch.Tensor | None]]:
+        """The model's inputs for a micro-batch, the positions that train a token, and a getter of a row
+        field's tensor at those positions."""
         import torch
 
-        from art_ray.trainer.loss import policy_loss, token_entropy, token_logprobs, trained_positions
+        from art_ray.trainer.loss import trained_positions
 
         if not batch:  # this rank has no rows: a zero-weight row keeps the collective ops in step
-            length = self.settings.sequence_length
-            batch = [PackedRow.padding(length)]
+            batch = [PackedRow.padding(self.settings.sequence_length)]
         device = self.engine.device
         # Rows are padded at their tail only: the micro-batch is computed up to its longest row's last
         # real token (a group of short samples fills ~2/3 of a row; the padding would cost as much).
@@ -279,19 +298,57 @@ class TrainerWorker:
         def tensor(name: str, dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor([getattr(row, name)[:used] for row in batch], dtype=dtype, device=device)
 
-        input_ids, position_ids = tensor("input_ids", torch.long), tensor("position_ids", torch.long)
-        segments, targets = tensor("segment_ids", torch.long), tensor("target_ids", torch.long)
-        old_logprobs, advantages = tensor("old_logprobs", torch.float32), tensor("advantages", torch.float32)
-        weights = tensor("weights", torch.float32)
-        mask = segment_attention_mask(segments, tensor("parent_ids", torch.long))
+        segments = tensor("segment_ids", torch.long)
+        inputs = {
+            "input_ids": tensor("input_ids", torch.long),
+            "position_ids": tensor("position_ids", torch.long),
+            "attention_mask": segment_attention_mask(segments, tensor("parent_ids", torch.long)),
+        }
         # The output layer and its log-softmax run only where some row trains a token: prompts and tool
         # output are context, not targets (here ~a quarter of the positions, 6% of a step; with a 150k
         # vocabulary and agent prompts most of the logits' memory).
-        keep = trained_positions(weights)
-        targets, old_logprobs, advantages, weights, segments = (
-            values[:, keep] for values in (targets, old_logprobs, advantages, weights, segments)
+        keep = trained_positions(tensor("weights", torch.float32))
+
+        def at_trained(name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
+            if not all(getattr(row, name) for row in batch):
+                return None
+            return tensor(name, dtype)[:, keep]
+
+        return inputs, keep, at_trained
+
+    def _logprobs(self, rows: list[PackedRow]) -> list[list[float]]:
+        """The current policy's logprob of each row's trained tokens (NaN elsewhere), by position."""
+        import torch
+
+        from art_ray.trainer.loss import token_logprobs
+
+        result: list[list[float]] = []
+        for batch in self._micro_batches(rows):
+            inputs, keep, at_trained = self._inputs(batch)
+            with torch.no_grad():
+                logits = self.engine(**inputs, logits_to_keep=keep).logits
+                logprobs = token_logprobs(logits, at_trained("target_ids", torch.long))
+            trained = at_trained("weights") > 0
+            for index, row in enumerate(batch):
+                values = [math.nan] * len(row.input_ids)
+                for column, position in enumerate(keep.tolist()):
+                    if trained[index, column]:
+                        values[position] = float(logprobs[index, column])
+                result.append(values)
+        return result
+
+    def _forward_backward(self, batch: list[PackedRow], train_config: TrainConfig) -> torch.Tensor:
+        import torch
+
+        from art_ray.trainer.loss import policy_loss, token_entropy, token_logprobs
+
+        inputs, keep, at_trained = self._inputs(batch)
+        targets, segments = at_trained("target_ids", torch.long), at_trained("segment_ids", torch.long)
+        old_logprobs, advantages, weights = (
+            at_trained("old_logprobs"),
+            at_trained("advantages"),
+            at_trained("weights"),
         )
-        inputs = {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": mask}
         reference = None
         if train_config.needs_reference:
             with torch.no_grad(), self.engine.module.disable_adapter():
@@ -299,7 +356,16 @@ class TrainerWorker:
                 reference = token_logprobs(ref_logits, targets)
         logits = self.engine(**inputs, logits_to_keep=keep).logits
         logprobs = token_logprobs(logits, targets)
-        result = policy_loss(logprobs, old_logprobs, advantages, weights, train_config, reference, segments)
+        result = policy_loss(
+            logprobs,
+            old_logprobs,
+            advantages,
+            weights,
+            train_config,
+            reference,
+            segments,
+            sampler_logprobs=at_trained("sampler_logprobs"),
+        )
         # DeepSpeed averages gradients over ranks; weights already sum to 1 over the global batch.
         self.engine.backward(result.loss * self.settings.world_size, scale_wrt_gas=False)
         with torch.no_grad():
