@@ -98,8 +98,14 @@ def settings(task, args: argparse.Namespace) -> argparse.Namespace:  # noqa: ANN
     for key in ("learning_rate", "groups_per_step", "group_size", "lora_rank"):
         if getattr(args, key) is not None:
             setattr(defaults, key, getattr(args, key))
-    scale = args.scale_rewards
-    defaults.scale_rewards = task.scale_rewards if scale is None else scale == "group"
+    update: dict = {"learning_rate": defaults.learning_rate}
+    if args.scale_rewards is not None:
+        update["scale_rewards"] = args.scale_rewards == "group"
+    if args.num_gradient_steps is not None:
+        update["num_gradient_steps"] = args.num_gradient_steps
+    if args.precalculate_logprobs is not None:
+        update["precalculate_logprobs"] = args.precalculate_logprobs == "on"
+    defaults.train_config = task.train_config.model_copy(update=update)
     return defaults
 
 
@@ -148,7 +154,7 @@ async def art_ray_curve(backend, task, seed: int, args: argparse.Namespace) -> d
     while train_s < budget:
         started = time.perf_counter()
         groups = await gather_and_train(
-            task, model, rng, run.groups_per_step, run.group_size, run.learning_rate, run.scale_rewards
+            task, model, rng, run.groups_per_step, run.group_size, run.train_config
         )
         train_s += time.perf_counter() - started
         rewards.append(statistics.fmean(t.reward for g in groups for t in g))
@@ -218,7 +224,8 @@ def trl_curve(args: argparse.Namespace, seed: int, workdir: str, code_math) -> d
         *("--learning-rate", str(run.learning_rate), "--lora-rank", str(run.lora_rank)),
         *("--groups-per-step", str(run.groups_per_step), "--group-size", str(run.group_size)),
         *("--temperature", str(code_math.train_temperature), "--output-dir", f"{workdir}/trl-{seed}"),
-        *("--scale-rewards", "group" if run.scale_rewards else "none"),
+        *("--scale-rewards", "group" if run.train_config.scale_rewards else "none"),
+        *("--steps-per-generation", str(run.train_config.num_gradient_steps)),
     ]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
@@ -298,6 +305,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="advantages divided by the group's reward std (GRPO) or only centred (Dr. GRPO), both systems "
         "(default: the example's own)",
+    )
+    parser.add_argument(
+        "--num-gradient-steps",
+        type=int,
+        default=None,
+        help="optimizer steps per train call (TRL: steps_per_generation; default: the example's)",
+    )
+    parser.add_argument(
+        "--precalculate-logprobs",
+        choices=["on", "off"],
+        default=None,
+        help="art-ray's old logprobs from its trainer, not the engine (TRL always computes its own; "
+        "default: the example's)",
     )
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--plot", type=Path, default=None, help="the PNG (default docs/learning_curves.png)")

@@ -37,6 +37,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lora-rank", type=int, default=16)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--scale-rewards", choices=["group", "none"], default="none")
+    parser.add_argument("--steps-per-generation", type=int, default=1, help="optimizer steps per batch")
     parser.add_argument("--output-dir", required=True)
     return parser.parse_args()
 
@@ -127,14 +128,16 @@ def main() -> None:
     config = GRPOConfig(
         output_dir=args.output_dir,
         learning_rate=args.learning_rate,
-        per_device_train_batch_size=args.groups_per_step * args.group_size,
+        # the step's rollouts (generation batch) split into steps_per_generation optimizer steps
+        per_device_train_batch_size=args.groups_per_step * args.group_size // args.steps_per_generation,
         num_generations=args.group_size,
         max_completion_length=MAX_TOKENS,
         temperature=args.temperature,
         beta=0.0,
         scale_rewards=args.scale_rewards,
+        steps_per_generation=args.steps_per_generation,
         logging_steps=1,
-        max_steps=len(problems) // args.groups_per_step,
+        max_steps=len(problems) // args.groups_per_step * args.steps_per_generation,
         use_cpu=True,
         report_to="none",
         disable_tqdm=True,

@@ -18,7 +18,7 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -44,8 +44,8 @@ class AgentTask:
     max_model_len: int = 1024
     # sampling temperature of training rollouts (held-out evaluation is greedy)
     train_temperature: float = 1.0
-    # advantages divided by each group's reward std (GRPO), or only centred (False: Dr. GRPO)
-    scale_rewards: bool = True
+    # the task's GRPO settings (TrainConfig's defaults otherwise); the learning rate is --learning-rate
+    train_config: TrainConfig = field(default_factory=TrainConfig)
 
 
 async def chat_turn(
@@ -123,8 +123,7 @@ async def gather_and_train(
     rng: random.Random,
     groups_per_step: int,
     group_size: int,
-    learning_rate: float,
-    scale_rewards: bool,
+    config: TrainConfig,
 ) -> list[art_ray.TrajectoryGroup]:
     """One GRPO step: `groups_per_step` new scenarios, `group_size` rollouts each (as Ray work), one train
     call; returns the groups it trained on."""
@@ -139,7 +138,6 @@ async def gather_and_train(
         pbar_desc=None,
         max_exceptions=0.1,
     )
-    config = TrainConfig(learning_rate=learning_rate, scale_rewards=scale_rewards)
     await model.train(groups, config, verbose=False)
     return groups
 
@@ -194,8 +192,7 @@ async def train_and_evaluate(task: AgentTask, args: argparse.Namespace) -> dict:
                 rng,
                 groups_per_step=args.groups_per_step,
                 group_size=args.group_size,
-                learning_rate=args.learning_rate,
-                scale_rewards=task.scale_rewards,
+                config=task.train_config.model_copy(update={"learning_rate": args.learning_rate}),
             )
             samples = means(art_ray.TrajectoryGroup([t for g in groups for t in g]), keys)
             held_out = await evaluate(task, model)

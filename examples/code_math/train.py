@@ -29,7 +29,7 @@ from problems import (  # noqa: E402
 from sandbox import run_python  # noqa: E402
 
 import art_ray  # noqa: E402
-from art_ray import TrainableModel, Trajectory  # noqa: E402
+from art_ray import TrainableModel, TrainConfig, Trajectory  # noqa: E402
 
 
 @art_ray.remote_rollout
@@ -58,7 +58,7 @@ TASK = AgentTask(
     # Dr. GRPO: divided by the group's std, the 0.1 for code that prints any number weighed as much as a
     # right answer, and SmolLM2 collapsed onto the prompt's example program (held-out 0.32 -> 0.06 in 7
     # steps); only centred, it went 0.32 -> 1.00 in 22 steps (bench/learning.py, seed 0)
-    scale_rewards=False,
+    train_config=TrainConfig(scale_rewards=False),
 )
 
 if __name__ == "__main__":

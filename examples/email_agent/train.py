@@ -39,7 +39,7 @@ from inbox import (  # noqa: E402
 from loop import AgentTask, main  # noqa: E402
 
 import art_ray  # noqa: E402
-from art_ray import TrainableModel, Trajectory  # noqa: E402
+from art_ray import TrainableModel, TrainConfig, Trajectory  # noqa: E402
 
 
 @art_ray.remote_rollout
@@ -113,7 +113,7 @@ TASK = AgentTask(
     train_temperature=0.5,
     # advantages centred, not divided by the group's std (Dr. GRPO): a group that differs only in partial
     # credit (0 vs 0.1) would otherwise push as hard as one with a right answer
-    scale_rewards=False,
+    train_config=TrainConfig(scale_rewards=False),
     # the tools' schemas take ~500 tokens, two turns of search results ~1,000; trainer memory grows with
     # the square of this length (2048 ran out of 23 GB on CPU)
     max_model_len=1280,
