@@ -4,8 +4,12 @@ Both paths use the same EngineConfig (SmolLM2-135M, float32, one engine thread),
 adapter, the same concurrency and fixed-length outputs (ignore_eos), so the ratio is what the HTTP
 hop, Serve's proxy and routing, vLLM's OpenAI layer and art-ray's middleware cost. The same app then serves
 each request in its own capture session (opened, recorded, read back as a Trajectory, closed), rounds
-alternated with plain requests: capture_ratio is what recording costs (median of --rounds each).
-Last line: {"bench": "serve_overhead", "ratio": serve tok/s / direct tok/s, "capture_ratio", ...}.
+alternated with plain requests (each round starting with the next path): capture_ratio is what recording
+costs (median of --rounds each). The same
+requests through the Responses API (openai SDK) and Anthropic Messages (anthropic SDK), in the same
+alternation: responses_ratio and messages_ratio against chat completions.
+Last line: {"bench": "serve_overhead", "ratio": serve tok/s / direct tok/s, "capture_ratio",
+"responses_ratio", "messages_ratio", ...}.
 """
 
 from __future__ import annotations
@@ -77,9 +81,11 @@ async def direct_tokens_per_second(engine_config: EngineConfig, requests: int, m
 
 async def serve_tokens_per_second(
     engine_config: EngineConfig, requests: int, max_tokens: int, rounds: int
-) -> tuple[float, float]:
-    """(plain, captured) tok/s through the same app, rounds alternated: captured = each request in its
-    own capture session, opened, recorded, read back as a Trajectory and closed, as a rollout does."""
+) -> dict[str, float]:
+    """Median tok/s by path through the same app, rounds alternated: "chat"; "captured", each chat request
+    in its own capture session, opened, recorded, read back as a Trajectory and closed, as a rollout does;
+    "responses" and "messages", the same requests through those protocols' clients."""
+    import anthropic
     import openai
 
     from art_ray import Model
@@ -110,18 +116,44 @@ async def serve_tokens_per_second(
         assert len(trajectory.trainable_choices()) == 1
         return tokens
 
+    async def responses(messages: list[dict]) -> int:
+        response = await client.responses.create(
+            model="bench",
+            input=messages,
+            max_output_tokens=max_tokens,
+            temperature=1.0,
+            extra_body={"ignore_eos": True},
+        )
+        return response.usage.output_tokens
+
+    claude = anthropic.AsyncAnthropic(
+        base_url=base_url.removesuffix("/v1"), api_key="unused", max_retries=0, timeout=600
+    )
+
+    async def messages_api(messages: list[dict]) -> int:
+        message = await claude.messages.create(
+            model="bench",
+            messages=messages,
+            max_tokens=max_tokens,
+            extra_body={"ignore_eos": True, "temperature": 1.0},  # anthropic 2.x has no temperature argument
+        )
+        return message.usage.output_tokens
+
     async def rate(run) -> float:  # noqa: ANN001
         start = time.perf_counter()
         counts = await asyncio.gather(*(run(m) for m in prompts(requests)))
         return sum(counts) / (time.perf_counter() - start)
 
-    await asyncio.gather(*(one(m) for m in prompts(4)), *(captured(m) for m in prompts(4)))  # warm-up
-    plain, with_capture = [], []
-    for _ in range(rounds):
-        plain.append(await rate(one))
-        with_capture.append(await rate(captured))
+    paths = {"chat": one, "captured": captured, "responses": responses, "messages": messages_api}
+    await asyncio.gather(*(run(m) for run in paths.values() for m in prompts(4)))  # warm-up
+    rates: dict[str, list[float]] = {name: [] for name in paths}
+    names = list(paths)
+    for index in range(rounds):  # each round starts with the next path: no path always runs first or last
+        for name in names[index % len(names) :] + names[: index % len(names)]:
+            rates[name].append(await rate(paths[name]))
+    print({name: [round(value, 1) for value in values] for name, values in rates.items()}, flush=True)
     stop_local_cluster()
-    return median(plain), median(with_capture)
+    return {name: median(values) for name, values in rates.items()}
 
 
 def main() -> None:
@@ -137,9 +169,8 @@ def main() -> None:
         model=resolve_base_model(args.model), device="cpu", max_model_len=1024, threads=args.threads
     )
     direct = asyncio.run(direct_tokens_per_second(engine_config, args.requests, args.max_tokens))
-    served, captured = asyncio.run(
-        serve_tokens_per_second(engine_config, args.requests, args.max_tokens, args.rounds)
-    )
+    rates = asyncio.run(serve_tokens_per_second(engine_config, args.requests, args.max_tokens, args.rounds))
+    served, captured = rates["chat"], rates["captured"]
     ratio = served / direct
     print_table(
         f"{args.requests} concurrent chat requests x {args.max_tokens} tokens, {args.model}, "
@@ -151,6 +182,10 @@ def main() -> None:
             ["ratio (Serve / direct)", ratio],
             ["Serve, each request in a capture session", captured],
             ["capture ratio (captured / plain Serve)", captured / served],
+            ["Serve, Responses API (openai SDK)", rates["responses"]],
+            ["responses ratio (Responses / chat)", rates["responses"] / served],
+            ["Serve, Anthropic Messages (anthropic SDK)", rates["messages"]],
+            ["messages ratio (Messages / chat)", rates["messages"] / served],
         ],
     )
     print_result(
@@ -161,6 +196,10 @@ def main() -> None:
             "serve_tok_s": round(served, 1),
             "capture_ratio": round(captured / served, 3),
             "captured_tok_s": round(captured, 1),
+            "responses_ratio": round(rates["responses"] / served, 3),
+            "messages_ratio": round(rates["messages"] / served, 3),
+            "responses_tok_s": round(rates["responses"], 1),
+            "messages_tok_s": round(rates["messages"], 1),
             "requests": args.requests,
             "max_tokens": args.max_tokens,
             "model": args.model,

@@ -37,9 +37,14 @@ async def test_the_gate_lets_only_documented_routes_through_with_the_key() -> No
     key = {"Authorization": "Bearer k"}
     assert await call(guard, "POST", "/v1/chat/completions", key) == (200, {})
     assert (await call(guard, "GET", "/health", key))[0] == 200
-    for path in ("/v1/responses", "/v1/messages", "/invocations", "/tokenize", "/metrics", "/docs"):
+    for path in ("/v1/responses", "/v1/messages", "/sessions/s0123456789abcdef/v1/messages"):
+        assert await call(guard, "POST", path, key) == (200, {})
+    assert await call(guard, "POST", "/v1/messages", {"x-api-key": "k"}) == (200, {})  # Anthropic clients
+    for path in ("/invocations", "/tokenize", "/metrics", "/docs", "/v1/messages/count_tokens"):
         status, body = await call(guard, "POST", path, key)
         assert status == 404 and body["error"]["type"] == "NotFoundError", path
+    status, body = await call(guard, "POST", "/v1/messages", {"x-api-key": "wrong"})  # Anthropic's shape
+    assert status == 401 and body["type"] == "error" and body["error"]["type"] == "authentication_error"
     status, body = await call(guard, "GET", "/v1/chat/completions", key)
     assert status == 405 and body["error"]["code"] == 405
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "k"}):
@@ -113,8 +118,6 @@ def headers(app) -> dict:
 def test_only_documented_routes_answer_and_all_need_the_key(inference_app) -> None:
     root = inference_app.base_url.removesuffix("/v1")
     for method, path in [
-        ("POST", "/v1/responses"),
-        ("POST", "/v1/messages"),
         ("POST", "/invocations"),
         ("POST", "/tokenize"),
         ("GET", "/metrics"),

@@ -242,15 +242,45 @@ async def langchain_agent(session, prompt: str) -> float:  # noqa: ANN001
     return float(len(reply.content) % 2)
 
 
-async def test_langchain_runs_recorded_by_the_endpoint_train_a_step_that_changes_the_served_model(registered):
-    """Each run of a LangChain agent, as a remote rollout in a capture session, becomes a trajectory; a
-    group of them trains one step, and the new step's outputs differ from the old one's."""
+async def responses_agent(session, prompt: str) -> float:  # noqa: ANN001
+    """The same, speaking the Responses API through the OpenAI SDK."""
+    client = openai.AsyncOpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0)
+    reply = await client.responses.create(model=session.model, input=prompt, max_output_tokens=6)
+    return float(len(reply.output_text) % 2)
+
+
+async def anthropic_agent(session, prompt: str) -> float:  # noqa: ANN001
+    """The same, speaking Anthropic Messages through the anthropic SDK."""
+    import anthropic
+
+    client = anthropic.AsyncAnthropic(
+        base_url=session.anthropic_base_url, api_key=session.api_key, max_retries=0
+    )
+    reply = await client.messages.create(
+        model=session.model, messages=[{"role": "user", "content": prompt}], max_tokens=6
+    )
+    return float(len("".join(block.text for block in reply.content if block.type == "text")) % 2)
+
+
+# each prompt's group comes from one protocol
+AGENTS = dict(zip(PROMPTS, (langchain_agent, responses_agent, anthropic_agent), strict=True))
+
+
+async def protocol_agent(session, prompt: str) -> float:  # noqa: ANN001
+    return await AGENTS[prompt](session, prompt)
+
+
+async def test_captured_runs_of_every_protocol_train_a_step_that_changes_the_served_model(registered):
+    """Runs of agents that speak chat completions (LangChain), the Responses API and Anthropic Messages, as
+    remote rollouts in capture sessions, become trajectories; their groups train one step, the new step's
+    outputs differ from the old one's, and each protocol's next reply comes from the new step."""
+    import anthropic
     from conftest import stop_trainer
 
     backend, _ = registered
     model = TrainableModel(name="sdk-captured", project="sdk-tests", base_model="tiny", config=CONFIG)
     await model.register(backend)
-    agent = captured_rollout(langchain_agent)
+    agent = captured_rollout(protocol_agent)
 
     async def greedy_logprobs(step: int) -> list[float]:
         completion = await model.openai_client().chat.completions.create(
@@ -271,6 +301,17 @@ async def test_langchain_runs_recorded_by_the_endpoint_train_a_step_that_changes
                 assert trajectory.reward == len(choice.message.content or "") % 2
         assert await model.train(groups, TrainConfig(learning_rate=1e-3), verbose=False) == 1
         assert await greedy_logprobs(1) != await greedy_logprobs(0)
+        latest = f"{model.name}@1"
+        response = await model.openai_client().responses.create(
+            model=model.name, input="hi", max_output_tokens=2
+        )
+        claude = anthropic.AsyncAnthropic(
+            base_url=model.base_url.removesuffix("/v1"), api_key=model.api_key, max_retries=0
+        )
+        message = await claude.messages.create(
+            model=model.name, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+        assert response.model == message.model == latest
     finally:
         stop_trainer(backend, model.name)
 

@@ -37,8 +37,9 @@ SESSION_HEADER = "X-Art-Ray-Session"
 
 
 class CaptureSession(pydantic.BaseModel):
-    """`base_url` and `api_key` go to the agent's OpenAI client or framework; a client that cannot change
-    its URL sends `headers` on the model's own endpoint instead."""
+    """`base_url` and `api_key` go to the agent's OpenAI client or framework (`anthropic_base_url` to an
+    Anthropic client, which adds `/v1` itself); a client that cannot change its URL sends `headers` on the
+    model's own endpoint instead."""
 
     id: str
     model: str
@@ -53,6 +54,10 @@ class CaptureSession(pydantic.BaseModel):
     def base_url(self) -> str:
         root = self.endpoint.removesuffix("/").removesuffix("/v1")
         return f"{root}/sessions/{self.id}/v1"
+
+    @property
+    def anthropic_base_url(self) -> str:
+        return self.base_url.removesuffix("/v1")
 
     @property
     def headers(self) -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""ASGI types and OpenAI error JSON shared by the endpoint's middleware."""
+"""ASGI types, the key a request presents, and the error JSON (OpenAI's or Anthropic's shape) shared by the
+endpoint's middleware."""
 
 from __future__ import annotations
 
@@ -20,6 +21,41 @@ async def send_error(
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+# Anthropic's error `type` by status (https://docs.anthropic.com/en/api/errors); clients raise by status
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error(status: int, message: str) -> dict[str, Any]:
+    kind = ANTHROPIC_ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+async def send_anthropic_error(
+    send: Send, status: int, message: str, error_type: str = "", param: str | None = None
+) -> None:
+    """`send_error`'s signature, in Anthropic's shape (which has no OpenAI type or param)."""
+    await send_json(send, status, anthropic_error(status, message))
+
+
+def presented_key(scope: Scope) -> str | None:
+    """The API key a request carries: `Authorization: Bearer <key>` (OpenAI clients) or `x-api-key: <key>`
+    (Anthropic clients); None when it carries neither."""
+    headers = dict(scope["headers"])
+    scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+    if scheme.lower() == "bearer":
+        return token
+    key = headers.get(b"x-api-key")
+    return key.decode("latin-1") if key is not None else None
 
 
 async def send_json(send: Send, status: int, payload: dict[str, Any]) -> None:

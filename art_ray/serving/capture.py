@@ -11,13 +11,16 @@ Routes (under the app's prefix, behind the key like every route):
 
 Each chat completion in a session is recorded as a CapturedTurn: the request's messages and tools as sent,
 and the choice as the client received it (with its token ids, logprobs, prompt token ids and policy
-version; a stream is assembled from its chunks). The turn is appended to the cluster's capture store
-before the response's last byte goes out. A session records one choice per request (`n` must be 1) and
-chat completions only.
+version; a stream is assembled from its chunks). The Responses API and Anthropic Messages reach this
+middleware as chat completions (art_ray/serving/protocol_bridge.py), so they are recorded the same way. A
+text completion (`/v1/completions`, one prompt) is recorded as a one-message conversation whose choice is
+in chat's shape (completion_as_chat_choice). The turn is appended to the cluster's capture store before the
+response's last byte goes out. A session records one choice per request (`n` must be 1).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -28,7 +31,17 @@ from urllib.parse import parse_qs
 
 from art_ray.adapters.spec import InvalidModelNameError, parse_versioned_name
 from art_ray.capture.turns import CapturedTurn
-from art_ray.serving.asgi import Message, Receive, Scope, Send, read_body, replay, send_error, send_json
+from art_ray.serving.asgi import (
+    Message,
+    Receive,
+    Scope,
+    Send,
+    presented_key,
+    read_body,
+    replay,
+    send_error,
+    send_json,
+)
 from art_ray.serving.endpoint_guard import (
     CHAT_PATH,
     COMPLETIONS_PATH,
@@ -44,10 +57,8 @@ ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitErro
 
 
 def key_digest(scope: Scope) -> str:
-    """SHA-256 of the bearer token the request carries."""
-    header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-    scheme, _, token = header.partition(" ")
-    return hashlib.sha256((token if scheme.lower() == "bearer" else "").encode("latin-1")).hexdigest()
+    """SHA-256 of the API key the request carries (a bearer token or `x-api-key`)."""
+    return hashlib.sha256((presented_key(scope) or "").encode("latin-1")).hexdigest()
 
 
 class CaptureMiddleware:
@@ -95,13 +106,10 @@ class CaptureMiddleware:
             )
             await send_error(send, 400, message, "BadRequestError")
             return
-        if path == COMPLETIONS_PATH:
-            await send_error(send, 400, "capture sessions record chat completions only", "BadRequestError")
-            return
-        if path != CHAT_PATH:
+        if path not in (CHAT_PATH, COMPLETIONS_PATH):
             await self.app(scope, receive, send)
             return
-        await self._record(scope, receive, send, session_id)
+        await self._record(scope, receive, send, session_id, chat=path == CHAT_PATH)
 
     async def _open(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -136,7 +144,7 @@ class CaptureMiddleware:
             return
         await send_error(send, 404, f"capture session {session_id!r} not found or expired", "NotFoundError")
 
-    async def _record(self, scope: Scope, receive: Receive, send: Send, session_id: str) -> None:
+    async def _record(self, scope: Scope, receive: Receive, send: Send, session_id: str, chat: bool) -> None:
         body = await read_body(receive)
         try:
             payload = json.loads(body)
@@ -144,6 +152,11 @@ class CaptureMiddleware:
         except (ValueError, KeyError, TypeError, InvalidModelNameError):
             # not recordable; the model-name middleware or vLLM answers it with its own 400
             await self.app(scope, replay(body, receive), send)
+            return
+        prompt = None if chat else payload.get("prompt")
+        if not chat and not _single_prompt(prompt):
+            message = "a capture session records one prompt per completion: a string or a list of token ids"
+            await send_error(send, 400, message, "BadRequestError", "prompt")
             return
         if payload.get("n") not in (None, 1):
             await send_error(
@@ -159,7 +172,7 @@ class CaptureMiddleware:
         if refused is not None:
             await send_error(send, refused.status, refused.message, ERROR_TYPES[refused.status])
             return
-        response = _Response(stream=bool(payload.get("stream")))
+        response = _Response(stream=bool(payload.get("stream")), chat=chat)
 
         async def recorded(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -170,7 +183,9 @@ class CaptureMiddleware:
                     choice = response.choice()
                     if choice is not None:
                         turn = CapturedTurn(
-                            request_messages=payload.get("messages") or [],
+                            request_messages=payload.get("messages") or []
+                            if chat
+                            else _prompt_messages(prompt),
                             tools=payload.get("tools"),
                             choice=choice,
                             model=payload["model"],
@@ -182,12 +197,49 @@ class CaptureMiddleware:
         await self.app(scope, replay(body, receive), recorded)
 
 
-class _Response:
-    """A chat completion's body as it streams by; `choice()` is its first choice in the non-streaming
-    shape (a stream's chunks merged), or None when it held none."""
+def _single_prompt(prompt: Any) -> bool:
+    return isinstance(prompt, str) or (
+        isinstance(prompt, list) and bool(prompt) and all(isinstance(token, int) for token in prompt)
+    )
 
-    def __init__(self, stream: bool) -> None:
+
+def _prompt_messages(prompt: str | list[int]) -> list[dict[str, Any]]:
+    """A completion's prompt as the one message of its conversation. It is context only: the trainer
+    reads the prompt the engine saw from the choice's `prompt_token_ids`, and a prompt given as token ids
+    shows as their JSON."""
+    return [{"role": "user", "content": prompt if isinstance(prompt, str) else json.dumps(prompt)}]
+
+
+def completion_as_chat_choice(choice: dict[str, Any]) -> dict[str, Any]:
+    """A `/v1/completions` choice in the chat shape a CapturedTurn holds: its text as the assistant's
+    content, its sampled tokens' logprobs as chat's `logprobs.content`, the token data as is."""
+    logprobs = choice.get("logprobs") or {}
+    content = [
+        {"token": token, "logprob": logprob, "bytes": None, "top_logprobs": []}
+        for token, logprob in zip(
+            logprobs.get("tokens") or [], logprobs.get("token_logprobs") or [], strict=False
+        )
+    ]
+    chat = {
+        "index": 0,
+        "message": {"role": "assistant", "content": choice.get("text") or ""},
+        "finish_reason": choice.get("finish_reason") or "stop",
+        "logprobs": {"content": content} if content else None,
+        "token_ids": choice.get("token_ids") or [],
+    }
+    for key in ("prompt_token_ids", "policy_version"):
+        if choice.get(key) is not None:
+            chat[key] = choice[key]
+    return chat
+
+
+class _Response:
+    """A completion's body as it streams by; `choice()` is its first choice in the non-streaming chat
+    shape (a stream's chunks merged, a text completion's choice as chat's), or None when it held none."""
+
+    def __init__(self, stream: bool, chat: bool) -> None:
         self.stream = stream
+        self.chat = chat
         self.status = 0
         self._chunks: list[bytes] = []
 
@@ -201,7 +253,9 @@ class _Response:
                 choices = json.loads(body).get("choices") or []
             except ValueError:
                 return None
-            return choices[0] if choices else None
+            if not choices:
+                return None
+            return choices[0] if self.chat else completion_as_chat_choice(choices[0])
         events = []
         for line in body.decode("utf-8", errors="replace").splitlines():
             data = line.removeprefix("data:").strip() if line.startswith("data:") else ""
@@ -210,7 +264,7 @@ class _Response:
                     events.append(json.loads(data))
                 except ValueError:
                     continue
-        return merge_stream(events)
+        return merge_stream(events) if self.chat else merge_completion_stream(events)
 
 
 def merge_stream(events: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -267,3 +321,25 @@ def merge_stream(events: list[dict[str, Any]]) -> dict[str, Any] | None:
     if step is not None:
         choice["policy_version"] = step
     return choice
+
+
+def merge_completion_stream(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A streamed text completion's chunks as one choice in the chat shape (choice index 0)."""
+    merged: dict[str, Any] = {"text": "", "token_ids": [], "logprobs": {"tokens": [], "token_logprobs": []}}
+    seen = False
+    for event in events:
+        for choice in event.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue
+            seen = True
+            merged["text"] += choice.get("text") or ""
+            merged["token_ids"] += choice.get("token_ids") or []
+            logprobs = choice.get("logprobs") or {}
+            merged["logprobs"]["tokens"] += logprobs.get("tokens") or []
+            merged["logprobs"]["token_logprobs"] += logprobs.get("token_logprobs") or []
+            for key in ("prompt_token_ids", "finish_reason"):
+                merged[key] = choice.get(key) or merged.get(key)
+        if merged.get("policy_version") is None and isinstance(event.get("model"), str):
+            with contextlib.suppress(InvalidModelNameError):
+                merged["policy_version"] = parse_versioned_name(event["model"])[1]
+    return completion_as_chat_choice(merged) if seen else None

@@ -1,10 +1,12 @@
 """The endpoint's outer gate: only the routes art-ray documents are reachable, each behind the API key
-when one is set, and every rejection is OpenAI error JSON.
+when one is set, and every rejection is error JSON in the shape its client expects (Anthropic's on
+`/v1/messages`, OpenAI's elsewhere).
 
-vLLM's app mounts far more than art-ray serves (`/v1/responses` and `/v1/messages` answer as the base
-model, `/invocations` bypasses vLLM's key check, `/tokenize`, `/metrics`, `/docs`, `/scale_elastic_ep`),
-and its own key check guards `/v1` only and answers `{"error": "Unauthorized"}`. So the gate sits
-outside vLLM's middleware and decides before any of vLLM's code runs.
+vLLM's app mounts far more than art-ray serves (its own `/v1/responses` and `/v1/messages` answer as the
+base model, `/invocations` bypasses vLLM's key check, `/tokenize`, `/metrics`, `/docs`,
+`/scale_elastic_ep`), and its own key check guards `/v1` only and answers `{"error": "Unauthorized"}`. So
+the gate sits outside vLLM's middleware and decides before any of vLLM's code runs. `/v1/responses` and
+`/v1/messages` reach art-ray's protocol bridge (art_ray/serving/protocol_bridge.py), not vLLM's routes.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ import hashlib
 import hmac
 import re
 
-from art_ray.serving.asgi import Receive, Scope, Send, send_error
+from art_ray.serving.asgi import Receive, Scope, Send, presented_key, send_anthropic_error, send_error
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
+RESPONSES_PATH = "/v1/responses"
+MESSAGES_PATH = "/v1/messages"  # Anthropic Messages
 MODELS_PATH = "/v1/models"
 HEALTH_PATH = "/health"
 
@@ -33,6 +37,8 @@ SESSION_ROUTE = re.compile(rf"^/sessions/({SESSION_ID})(/v1/.*)$")
 ROUTES = {
     CHAT_PATH: "POST",
     COMPLETIONS_PATH: "POST",
+    RESPONSES_PATH: "POST",
+    MESSAGES_PATH: "POST",
     MODELS_PATH: "GET",
     HEALTH_PATH: "GET",
     SESSIONS_PATH: "POST",
@@ -49,10 +55,15 @@ def session_route(path: str) -> tuple[str, str] | None:
     return (match.group(1), match.group(2)) if match else None
 
 
+def routed_path(path: str) -> str:
+    """The route a path stands for, a session-scoped one's included."""
+    routed = session_route(path)
+    return routed[1] if routed else path
+
+
 def route_methods(path: str) -> tuple[str, ...] | None:
     """The methods `path` answers (HEAD with GET), or None when it is no route."""
-    if routed := session_route(path):
-        path = routed[1]
+    path = routed_path(path)
     if SESSION_RESOURCE.match(path):
         return ("GET", "HEAD", "DELETE")
     method = ROUTES.get(path)
@@ -72,6 +83,7 @@ class EndpointGuard:
             return
         path, method = request_path(scope), scope.get("method")
         methods = route_methods(path)
+        send_error_json = send_anthropic_error if routed_path(path) == MESSAGES_PATH else send_error
         if scope["type"] == "websocket" or methods is None:
             routes = ", ".join([*sorted(ROUTES), "/v1/capture/sessions/{id}", "/sessions/{id}/v1/..."])
             await send_error(send, 404, f"Not found: {path}. Routes: {routes}", "NotFoundError")
@@ -81,13 +93,13 @@ class EndpointGuard:
             return
         if method not in methods:
             allowed = " or ".join(m for m in methods if m != "HEAD")
-            await send_error(send, 405, f"{path} takes {allowed}, not {method}", "MethodNotAllowedError")
+            await send_error_json(send, 405, f"{path} takes {allowed}, not {method}", "MethodNotAllowedError")
             return
         if not self._authorized(scope):
-            await send_error(
+            await send_error_json(
                 send,
                 401,
-                "Missing or incorrect API key: send `Authorization: Bearer <key>`",
+                "Missing or incorrect API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`",
                 "AuthenticationError",
             )
             return
@@ -96,8 +108,7 @@ class EndpointGuard:
     def _authorized(self, scope: Scope) -> bool:
         if self._key_digest is None:
             return True
-        header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer":
+        key = presented_key(scope)
+        if key is None:
             return False
-        return hmac.compare_digest(hashlib.sha256(token.encode("latin-1")).digest(), self._key_digest)
+        return hmac.compare_digest(hashlib.sha256(key.encode("latin-1")).digest(), self._key_digest)

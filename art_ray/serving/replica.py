@@ -22,8 +22,11 @@ from art_ray.serving.adapter_store import AdapterStore
 from art_ray.serving.capture import CaptureMiddleware
 from art_ray.serving.config import ServedCheckpoint, ServingConfig
 from art_ray.serving.disconnect import DisconnectOnCancel
-from art_ray.serving.endpoint_guard import EndpointGuard
+from art_ray.serving.endpoint_guard import MESSAGES_PATH, RESPONSES_PATH, EndpointGuard
+from art_ray.serving.messages_bridge import MessagesBridge
 from art_ray.serving.middleware import ModelRoutingMiddleware
+from art_ray.serving.protocol_bridge import ProtocolBridge
+from art_ray.serving.responses_bridge import ResponsesBridge
 from art_ray.serving.vllm_app import build_engine_and_app
 
 logger = logging.getLogger(__name__)
@@ -47,11 +50,19 @@ class InferenceReplica:
             config.engine.model,
             self._registry.get.remote,
         )
-        # Outermost: a cancelled request tells vLLM its client left, then the gate (routes, key), then
-        # capture sessions; innermost, after vLLM's own middleware: model names and per-request limits.
+        # Outermost: a cancelled request tells vLLM its client left, then the gate (routes, key), the
+        # Responses and Messages protocols as chat completions, capture sessions; innermost, after vLLM's
+        # own middleware: model names and per-request limits.
         self._app.user_middleware[:0] = [
             Middleware(DisconnectOnCancel),
             Middleware(EndpointGuard, api_key=config.api_key),
+            Middleware(
+                ProtocolBridge,
+                bridges={
+                    RESPONSES_PATH: ResponsesBridge(),
+                    MESSAGES_PATH: MessagesBridge(self._app.state.anthropic_serving_messages),
+                },
+            ),
             Middleware(CaptureMiddleware, store=get_capture_store, keyed=config.api_key is not None),
         ]
         self._app.user_middleware.append(
