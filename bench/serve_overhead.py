@@ -5,9 +5,8 @@ adapter, the same concurrency and fixed-length outputs (ignore_eos), so the rati
 hop, Serve's proxy and routing, vLLM's OpenAI layer and art-ray's middleware cost. The same app then serves
 each request in its own capture session (opened, recorded, read back as a Trajectory, closed), rounds
 alternated with plain requests (each round starting with the next path): capture_ratio is what recording
-costs (median of --rounds each). The same
-requests through the Responses API (openai SDK) and Anthropic Messages (anthropic SDK), in the same
-alternation: responses_ratio and messages_ratio against chat completions.
+costs (median of --rounds each). The same requests through the Responses API (openai SDK) and Anthropic
+Messages (anthropic SDK), in the same rounds: responses_ratio and messages_ratio against chat completions.
 Last line: {"bench": "serve_overhead", "ratio": serve tok/s / direct tok/s, "capture_ratio",
 "responses_ratio", "messages_ratio", ...}.
 """

@@ -262,8 +262,25 @@ async def anthropic_agent(session, prompt: str) -> float:  # noqa: ANN001
     return float(len("".join(block.text for block in reply.content if block.type == "text")) % 2)
 
 
-# each prompt's group comes from one protocol
-AGENTS = dict(zip(PROMPTS, (langchain_agent, responses_agent, anthropic_agent), strict=True))
+async def agents_sdk_agent(session, prompt: str) -> float:  # noqa: ANN001
+    """The same, an OpenAI Agents SDK agent on its default model, which speaks the Responses API."""
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    model = OpenAIResponsesModel(model=session.model, openai_client=session.openai_client(max_retries=0))
+    agent = Agent(name="assistant", model=model, model_settings=ModelSettings(max_tokens=6))
+    result = await Runner.run(agent, prompt, max_turns=1)
+    return float(len(result.final_output) % 2)
+
+
+# each prompt's group comes from one client
+AGENTS = dict(
+    zip(
+        [*PROMPTS, "Name a fruit."],
+        (langchain_agent, responses_agent, anthropic_agent, agents_sdk_agent),
+        strict=True,
+    )
+)
 
 
 async def protocol_agent(session, prompt: str) -> float:  # noqa: ANN001
@@ -271,9 +288,10 @@ async def protocol_agent(session, prompt: str) -> float:  # noqa: ANN001
 
 
 async def test_captured_runs_of_every_protocol_train_a_step_that_changes_the_served_model(registered):
-    """Runs of agents that speak chat completions (LangChain), the Responses API and Anthropic Messages, as
-    remote rollouts in capture sessions, become trajectories; their groups train one step, the new step's
-    outputs differ from the old one's, and each protocol's next reply comes from the new step."""
+    """Runs of agents that speak chat completions (LangChain), the Responses API (the openai SDK, the
+    Agents SDK's default model) and Anthropic Messages, as remote rollouts in capture sessions, become
+    trajectories; their groups train one step, the new step's outputs differ from the old one's, and each
+    protocol's next reply comes from the new step."""
     import anthropic
     from conftest import stop_trainer
 
@@ -293,7 +311,7 @@ async def test_captured_runs_of_every_protocol_train_a_step_that_changes_the_ser
 
     try:
         groups = await gather_trajectory_groups(
-            (TrajectoryGroup(agent(model, prompt) for _ in range(6)) for prompt in PROMPTS), pbar_desc=None
+            (TrajectoryGroup(agent(model, prompt) for _ in range(6)) for prompt in AGENTS), pbar_desc=None
         )
         for group in groups:
             for trajectory in group:

@@ -173,6 +173,7 @@ class CaptureMiddleware:
             await send_error(send, refused.status, refused.message, ERROR_TYPES[refused.status])
             return
         response = _Response(stream=bool(payload.get("stream")), chat=chat)
+        request_messages = (payload.get("messages") or []) if chat else _prompt_messages(prompt)
 
         async def recorded(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -183,9 +184,7 @@ class CaptureMiddleware:
                     choice = response.choice()
                     if choice is not None:
                         turn = CapturedTurn(
-                            request_messages=payload.get("messages") or []
-                            if chat
-                            else _prompt_messages(prompt),
+                            request_messages=request_messages,
                             tools=payload.get("tools"),
                             choice=choice,
                             model=payload["model"],
