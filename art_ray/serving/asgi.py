@@ -17,10 +17,7 @@ async def send_error(
     send: Send, status: int, message: str, error_type: str, param: str | None = None
 ) -> None:
     error = {"message": message, "type": error_type, "param": param, "code": status}
-    body = json.dumps({"error": error}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await send_json(send, status, {"error": error})
 
 
 # Anthropic's error `type` by status (https://docs.anthropic.com/en/api/errors); clients raise by status
@@ -63,6 +60,18 @@ async def send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def with_content_length(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple[bytes, bytes]]:
+    """`headers` with their content-length replaced by `length` (a rewritten body's)."""
+    kept = [(key, value) for key, value in headers if key.lower() != b"content-length"]
+    return [*kept, (b"content-length", str(length).encode())]
+
+
+def with_path(scope: Scope, path: str) -> Scope:
+    """`scope` for another route under the same root path."""
+    full = scope.get("root_path", "") + path
+    return {**scope, "path": full, "raw_path": full.encode()}
 
 
 async def read_body(receive: Receive) -> bytes:

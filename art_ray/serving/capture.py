@@ -20,7 +20,6 @@ response's last byte goes out. A session records one choice per request (`n` mus
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import re
@@ -41,6 +40,7 @@ from art_ray.serving.asgi import (
     replay,
     send_error,
     send_json,
+    with_path,
 )
 from art_ray.serving.endpoint_guard import (
     CHAT_PATH,
@@ -95,8 +95,7 @@ class CaptureMiddleware:
         session_id = dict(scope["headers"]).get(SESSION_HEADER, b"").decode("latin-1") or None
         if routed := session_route(path):
             session_id, path = routed
-            root = scope.get("root_path", "")
-            scope = {**scope, "path": root + path, "raw_path": (root + path).encode()}
+            scope = with_path(scope, path)
         if session_id is None or method != "POST":
             await self.app(scope, receive, send)
             return
@@ -266,6 +265,17 @@ class _Response:
         return merge_stream(events) if self.chat else merge_completion_stream(events)
 
 
+def _served_step(chunk: dict[str, Any]) -> int | None:
+    """The step a stream chunk's `model` (`name@step`) names, if it names one."""
+    model = chunk.get("model")
+    if not isinstance(model, str):
+        return None
+    try:
+        return parse_versioned_name(model)[1]
+    except InvalidModelNameError:
+        return None
+
+
 def merge_stream(events: list[dict[str, Any]]) -> dict[str, Any] | None:
     """A streamed chat completion's chunks as one non-streaming choice (choice index 0)."""
     content: list[str] = []
@@ -279,11 +289,8 @@ def merge_stream(events: list[dict[str, Any]]) -> dict[str, Any] | None:
     for event in events:
         if prompt_token_ids is None and event.get("prompt_token_ids") is not None:
             prompt_token_ids = event["prompt_token_ids"]
-        if step is None and isinstance(event.get("model"), str):
-            try:
-                step = parse_versioned_name(event["model"])[1]
-            except InvalidModelNameError:
-                step = None
+        if step is None:
+            step = _served_step(event)
         for choice in event.get("choices") or []:
             if choice.get("index", 0) != 0:
                 continue
@@ -338,7 +345,6 @@ def merge_completion_stream(events: list[dict[str, Any]]) -> dict[str, Any] | No
             merged["logprobs"]["token_logprobs"] += logprobs.get("token_logprobs") or []
             for key in ("prompt_token_ids", "finish_reason"):
                 merged[key] = choice.get(key) or merged.get(key)
-        if merged.get("policy_version") is None and isinstance(event.get("model"), str):
-            with contextlib.suppress(InvalidModelNameError):
-                merged["policy_version"] = parse_versioned_name(event["model"])[1]
+        if merged.get("policy_version") is None:
+            merged["policy_version"] = _served_step(event)
     return completion_as_chat_choice(merged) if seen else None

@@ -19,7 +19,16 @@ from collections.abc import Callable
 from typing import Protocol
 
 from art_ray.adapters.spec import InvalidModelNameError, parse_versioned_name, versioned_name
-from art_ray.serving.asgi import Message, Receive, Scope, Send, read_body, replay, send_error
+from art_ray.serving.asgi import (
+    Message,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    replay,
+    send_error,
+    with_content_length,
+)
 from art_ray.serving.endpoint_guard import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH, request_path
 from art_ray.serving.vllm_app import BASE_MODEL_NAME
 
@@ -77,9 +86,7 @@ class ModelRoutingMiddleware:
             await send_error(send, rejected.status, str(rejected), rejected.error_type, rejected.param)
             return
         new_body = json.dumps(payload).encode()
-        headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
-        headers.append((b"content-length", str(len(new_body)).encode()))
-        scope = {**scope, "headers": headers}
+        scope = {**scope, "headers": with_content_length(scope["headers"], len(new_body))}
         if not payload.get("stream"):
             _, step = parse_versioned_name(payload["model"])
             send = _rewrite_json(send, lambda response: _annotate_choices(response, step))
@@ -159,9 +166,7 @@ def _rewrite_json(send: Send, rewrite: Callable[[dict], dict]) -> Send:
             body = b"".join(chunks)
             with contextlib.suppress(ValueError):
                 body = json.dumps(rewrite(json.loads(body))).encode()
-            headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
-            headers.append((b"content-length", str(len(body)).encode()))
-            await send({**start, "headers": headers})
+            await send({**start, "headers": with_content_length(start.get("headers", []), len(body))})
             await send({"type": "http.response.body", "body": body})
         else:
             await send(message)

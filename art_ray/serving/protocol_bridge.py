@@ -23,7 +23,17 @@ from typing import Any, Protocol
 
 import pydantic
 
-from art_ray.serving.asgi import Message, Receive, Scope, Send, read_body, replay, send_json
+from art_ray.serving.asgi import (
+    Message,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    replay,
+    send_json,
+    with_content_length,
+    with_path,
+)
 from art_ray.serving.endpoint_guard import CHAT_PATH, request_path, routed_path
 
 
@@ -86,16 +96,8 @@ class ProtocolBridge:
             await send_json(send, error.status, body)
             return
         body = json.dumps(chat).encode()
-        chat_path = path[: len(path) - len(route)] + CHAT_PATH
-        root = scope.get("root_path", "")
-        headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
-        headers.append((b"content-length", str(len(body)).encode()))
-        scope = {
-            **scope,
-            "path": root + chat_path,
-            "raw_path": (root + chat_path).encode(),
-            "headers": headers,
-        }
+        scope = with_path(scope, path[: len(path) - len(route)] + CHAT_PATH)
+        scope["headers"] = with_content_length(scope["headers"], len(body))
         inner_receive = replay(body, receive)
         if chat.get("stream"):
             await self._stream(bridge, payload, scope, inner_receive, send)
@@ -176,18 +178,14 @@ class _EventQueue:
         self._bodies: asyncio.Queue[bytes | None] = asyncio.Queue()
 
     async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            self.buffered.status = message["status"]
-            if not self._started.done():
-                self._started.set_result(message["status"])
+        if message["type"] == "http.response.start" or self.buffered.status != 200:
+            await self.buffered.send(message)  # an error's body is translated whole
+            if not self._started.done() and self.buffered.status:
+                self._started.set_result(self.buffered.status)
         elif message["type"] == "http.response.body":
-            body = message.get("body", b"")
-            if self.buffered.status != 200:
-                self.buffered.chunks.append(body)
-            else:
-                await self._bodies.put(body)
-                if not message.get("more_body"):
-                    await self._bodies.put(None)
+            await self._bodies.put(message.get("body", b""))
+            if not message.get("more_body"):
+                await self._bodies.put(None)
 
     async def status(self, app: asyncio.Future[None]) -> int:
         """The answer's status once it starts (the app's own error if it fails before)."""
