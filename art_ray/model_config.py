@@ -83,6 +83,8 @@ class ModelConfig(pydantic.BaseModel):
     # capture sessions: the store's cap on recorded bytes, and an unused session's lifetime
     capture_max_bytes: int = pydantic.Field(default=256 * 2**20, ge=1)
     capture_ttl_s: float = pydantic.Field(default=3600.0, gt=0)
+    # Responses API: the bytes of stored responses kept for `previous_response_id` (least recently used go)
+    response_store_max_bytes: int = pydantic.Field(default=64 * 2**20, ge=1)
     keep_versions: int = pydantic.Field(default=3, ge=1)
     replica_cpus: float = pydantic.Field(default=1.0, ge=0)
     replica_gpus: float | None = None  # None: 1 per tensor-parallel rank on GPU (0.5 colocated), 0 on CPU

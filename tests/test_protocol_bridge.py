@@ -14,6 +14,7 @@ import pytest
 
 from art_ray.serving.messages_bridge import MessagesBridge
 from art_ray.serving.protocol_bridge import BridgeRequestError, ProtocolBridge
+from art_ray.serving.response_store import StoredResponses
 from art_ray.serving.responses_bridge import ResponsesBridge
 
 TOOL = {
@@ -88,34 +89,54 @@ def sse_data(events: list[str]) -> list[dict]:
 # --- Responses ----------------------------------------------------------------------------------------
 
 
+class MemoryHistory:
+    """The response store's own logic in this process (a replica reaches it as a Ray actor)."""
+
+    def __init__(self, max_bytes: int = 2**20) -> None:
+        self.store = StoredResponses(max_bytes)
+
+    async def put(self, response_id: str, owner: str, previous_id: str | None, items: list[dict]) -> None:
+        self.store.put(response_id, owner, previous_id, items)
+
+    async def conversation(self, response_id: str, owner: str) -> list[dict] | None:
+        return self.store.conversation(response_id, owner)
+
+
+def responses_bridge(history: MemoryHistory | None = None) -> ResponsesBridge:
+    return ResponsesBridge(history or MemoryHistory())
+
+
 def test_responses_input_items_become_the_chat_conversation() -> None:
-    chat = ResponsesBridge().chat_request(
-        {
-            "model": "agent",
-            "instructions": "Be brief.",
-            "input": [
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "input_text", "text": "What is "},
-                        {"type": "input_text", "text": "x?"},
-                    ],
-                },
-                {
-                    "type": "function_call",
-                    "call_id": "call_1",
-                    "name": "lookup",
-                    "arguments": '{"word": "x"}',
-                },
-                {"type": "function_call_output", "call_id": "call_1", "output": "a letter"},
-            ],
-            "tools": [TOOL],
-            "tool_choice": {"type": "function", "name": "lookup"},
-            "max_output_tokens": 16,
-            "temperature": 0.5,
-            "stream": True,
-            "ignore_eos": True,  # vLLM's sampling settings pass through, as on its chat route
-        }
+    chat = asyncio.run(
+        responses_bridge().chat_request(
+            {
+                "model": "agent",
+                "instructions": "Be brief.",
+                "input": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "input_text", "text": "What is "},
+                            {"type": "input_text", "text": "x?"},
+                        ],
+                    },
+                    {
+                        "type": "function_call",
+                        "call_id": "call_1",
+                        "name": "lookup",
+                        "arguments": '{"word": "x"}',
+                    },
+                    {"type": "function_call_output", "call_id": "call_1", "output": "a letter"},
+                ],
+                "tools": [TOOL],
+                "tool_choice": {"type": "function", "name": "lookup"},
+                "max_output_tokens": 16,
+                "temperature": 0.5,
+                "stream": True,
+                "ignore_eos": True,  # vLLM's sampling settings pass through, as on its chat route
+            },
+            "",
+        )
     )
     assert chat["messages"] == [
         {"role": "system", "content": "Be brief."},
@@ -142,7 +163,7 @@ def test_responses_input_items_become_the_chat_conversation() -> None:
 @pytest.mark.parametrize(
     ("payload", "says"),
     [
-        ({"model": "m", "input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"model": "m", "input": "hi", "conversation": "conv_1"}, "conversation"),
         ({"model": "m", "input": "hi", "tools": [{"type": "web_search"}]}, "only function tools"),
         ({"model": "m", "input": [{"type": "no_such_item"}]}, "input"),
         ({"model": "m", "input": "hi", "background": True}, "background"),
@@ -150,14 +171,16 @@ def test_responses_input_items_become_the_chat_conversation() -> None:
 )
 def test_responses_requests_it_cannot_serve_are_400_that_say_why(payload: dict, says: str) -> None:
     with pytest.raises(BridgeRequestError, match=says) as raised:
-        ResponsesBridge().chat_request(payload)
+        asyncio.run(responses_bridge().chat_request(payload, ""))
     assert raised.value.status == 400
 
 
 def test_a_chat_completion_becomes_a_response_the_openai_sdk_reads() -> None:
     payload = {"model": "agent", "input": "hi", "tools": [TOOL], "include": ["message.output_text.logprobs"]}
-    body = ResponsesBridge().response(
-        chat_completion("Hi", [("call_9", "lookup", '{"word": "hi"}')]), payload
+    body = asyncio.run(
+        responses_bridge().response(
+            chat_completion("Hi", [("call_9", "lookup", '{"word": "hi"}')]), payload, ""
+        )
     )
     response = openai.types.responses.Response.model_validate(body)
     assert response.model == "agent@3" and response.status == "completed"
@@ -171,8 +194,10 @@ def test_a_chat_completion_becomes_a_response_the_openai_sdk_reads() -> None:
         '{"word": "hi"}',
     )
     assert (response.usage.input_tokens, response.usage.output_tokens) == (7, 2)
-    cut = ResponsesBridge().response(
-        chat_completion("Hi", finish="length"), {"model": "agent", "input": "hi"}
+    cut = asyncio.run(
+        responses_bridge().response(
+            chat_completion("Hi", finish="length"), {"model": "agent", "input": "hi"}, ""
+        )
     )
     assert cut["status"] == "incomplete" and cut["incomplete_details"] == {"reason": "max_output_tokens"}
 
@@ -198,7 +223,7 @@ def test_a_chat_stream_becomes_the_responses_events_the_openai_sdk_reads() -> No
         finish="tool_calls",
     )
     payload = {"model": "agent", "input": "hi", "tools": [TOOL], "stream": True}
-    events = sse_data(asyncio.run(collect(ResponsesBridge().stream(items(chunks), payload))))
+    events = sse_data(asyncio.run(collect(responses_bridge().stream(items(chunks), payload, ""))))
     adapter = pydantic.TypeAdapter(openai.types.responses.ResponseStreamEvent)
     parsed = [adapter.validate_python(event) for event in events]
     assert [event.sequence_number for event in parsed] == list(range(len(parsed)))
@@ -231,30 +256,33 @@ def messages_bridge() -> MessagesBridge:
 
 
 def test_a_messages_conversation_with_tools_becomes_chat() -> None:
-    chat = messages_bridge().chat_request(
-        {
-            "model": "agent",
-            "max_tokens": 32,
-            "system": "Be brief.",
-            "messages": [
-                {"role": "user", "content": "Look up x."},
-                {
-                    "role": "assistant",
-                    "content": [
-                        {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {"word": "x"}}
-                    ],
-                },
-                {
-                    "role": "user",
-                    "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a letter"}],
-                },
-            ],
-            "tools": [
-                {"name": "lookup", "description": "Look a word up.", "input_schema": TOOL["parameters"]}
-            ],
-            "tool_choice": {"type": "any"},
-            "ignore_eos": True,
-        }
+    chat = asyncio.run(
+        messages_bridge().chat_request(
+            {
+                "model": "agent",
+                "max_tokens": 32,
+                "system": "Be brief.",
+                "messages": [
+                    {"role": "user", "content": "Look up x."},
+                    {
+                        "role": "assistant",
+                        "content": [
+                            {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {"word": "x"}}
+                        ],
+                    },
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a letter"}],
+                    },
+                ],
+                "tools": [
+                    {"name": "lookup", "description": "Look a word up.", "input_schema": TOOL["parameters"]}
+                ],
+                "tool_choice": {"type": "any"},
+                "ignore_eos": True,
+            },
+            "",
+        )
     )
     roles = [message["role"] for message in chat["messages"]]
     assert roles == ["system", "user", "assistant", "tool"]
@@ -265,13 +293,19 @@ def test_a_messages_conversation_with_tools_becomes_chat() -> None:
 
 def test_messages_requests_are_validated_by_vllms_model() -> None:
     with pytest.raises(BridgeRequestError, match="max_tokens") as raised:
-        messages_bridge().chat_request({"model": "agent", "messages": [{"role": "user", "content": "hi"}]})
+        asyncio.run(
+            messages_bridge().chat_request(
+                {"model": "agent", "messages": [{"role": "user", "content": "hi"}]}, ""
+            )
+        )
     assert raised.value.status == 400
 
 
 def test_a_chat_completion_becomes_a_message_the_anthropic_sdk_reads() -> None:
-    body = messages_bridge().response(
-        chat_completion("Hi", [("call_9", "lookup", '{"word": "hi"}')], "tool_calls"), {}
+    body = asyncio.run(
+        messages_bridge().response(
+            chat_completion("Hi", [("call_9", "lookup", '{"word": "hi"}')], "tool_calls"), {}, ""
+        )
     )
     message = anthropic.types.Message.model_validate(body)
     assert message.model == "agent@3" and message.stop_reason == "tool_use"
@@ -282,7 +316,7 @@ def test_a_chat_completion_becomes_a_message_the_anthropic_sdk_reads() -> None:
 
 def test_a_chat_stream_becomes_the_messages_events_the_anthropic_sdk_reads() -> None:
     chunks = chat_chunks([{"content": "Hel"}, {"content": "lo"}], finish="stop")
-    events = sse_data(asyncio.run(collect(messages_bridge().stream(items(chunks), {}))))
+    events = sse_data(asyncio.run(collect(messages_bridge().stream(items(chunks), {}, ""))))
     adapter = pydantic.TypeAdapter(anthropic.types.RawMessageStreamEvent)
     parsed = [adapter.validate_python(event) for event in events]
     assert parsed[0].type == "message_start" and parsed[-1].type == "message_stop"
@@ -318,7 +352,7 @@ class ChatRoute:
         await send({"type": "http.response.body", "body": b""})
 
 
-def call(app, path: str, payload: Any) -> tuple[int, bytes]:  # noqa: ANN001
+def call(app, path: str, payload: Any, key: str = "") -> tuple[int, bytes]:  # noqa: ANN001
     sent: list[dict] = []
 
     async def receive() -> dict:
@@ -332,7 +366,7 @@ def call(app, path: str, payload: Any) -> tuple[int, bytes]:  # noqa: ANN001
         "method": "POST",
         "path": path,
         "root_path": "",
-        "headers": [(b"content-length", b"1")],
+        "headers": [(b"content-length", b"1"), (b"authorization", f"Bearer {key}".encode())],
     }
     asyncio.run(app(scope, receive, send))
     return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
@@ -340,7 +374,7 @@ def call(app, path: str, payload: Any) -> tuple[int, bytes]:  # noqa: ANN001
 
 def test_the_bridge_sends_a_session_scoped_request_on_as_chat_and_answers_in_the_clients_protocol() -> None:
     route = ChatRoute(200, chat_completion("Hi"))
-    app = ProtocolBridge(route, {"/v1/responses": ResponsesBridge()})
+    app = ProtocolBridge(route, {"/v1/responses": responses_bridge()})
     status, body = call(app, "/sessions/s0123456789abcdef/v1/responses", {"model": "agent", "input": "hi"})
     assert status == 200 and json.loads(body)["output"][0]["content"][0]["text"] == "Hi"
     assert route.scope["path"] == "/sessions/s0123456789abcdef/v1/chat/completions"
@@ -368,7 +402,7 @@ def test_chat_route_errors_reach_each_client_in_its_own_shape() -> None:
         "type": "error",
         "error": {"type": "not_found_error", "message": "The model `x` does not exist."},
     }
-    responses = ProtocolBridge(ChatRoute(404, not_found), {"/v1/responses": ResponsesBridge()})
+    responses = ProtocolBridge(ChatRoute(404, not_found), {"/v1/responses": responses_bridge()})
     status, body = call(responses, "/v1/responses", {"model": "x", "input": "hi", "stream": True})
     assert status == 404 and json.loads(body)["error"]["type"] == "NotFoundError"
     status, body = call(messages, "/v1/messages", ["not", "an", "object"])
@@ -377,8 +411,63 @@ def test_chat_route_errors_reach_each_client_in_its_own_shape() -> None:
 
 def test_a_stream_goes_out_as_the_protocols_events() -> None:
     chunks = chat_chunks([{"content": "Hel"}, {"content": "lo"}], finish="stop")
-    app = ProtocolBridge(ChatRoute(200, chunks), {"/v1/responses": ResponsesBridge()})
+    app = ProtocolBridge(ChatRoute(200, chunks), {"/v1/responses": responses_bridge()})
     status, body = call(app, "/v1/responses", {"model": "agent", "input": "hi", "stream": True})
     events = sse_data([body.decode()])
     assert status == 200 and events[-1]["type"] == "response.completed"
     assert events[-1]["response"]["output"][0]["content"][0]["text"] == "Hello"
+
+
+def test_previous_response_id_continues_the_stored_conversation_for_the_same_key_only() -> None:
+    route = ChatRoute(200, chat_completion(None, [("call_1", "lookup", '{"word": "x"}')], "tool_calls"))
+    app = ProtocolBridge(route, {"/v1/responses": responses_bridge()}, keyed=True)
+    first_request = {"model": "agent", "instructions": "Be brief.", "input": "Look up x.", "tools": [TOOL]}
+    status, body = call(app, "/v1/responses", first_request, key="alice")
+    first = json.loads(body)
+    assert status == 200 and first["store"] is True and first["previous_response_id"] is None
+    # each chat completion has its own id, and so each response
+    route.answer = [
+        chunk.replace(CHAT_ID, "chatcmpl-2") for chunk in chat_chunks([{"content": "A letter."}], "stop")
+    ]
+    output = {"type": "function_call_output", "call_id": "call_1", "output": "a letter"}
+    chained = {"model": "agent", "input": [output], "previous_response_id": first["id"], "stream": True}
+    status, body = call(app, "/v1/responses", chained, key="alice")
+    streamed = sse_data([body.decode()])[-1]["response"]
+    assert status == 200 and streamed["previous_response_id"] == first["id"]
+    # the chain is one conversation, the instructions are each request's own (OpenAI's semantics)
+    tool_call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "lookup", "arguments": '{"word": "x"}'},
+    }
+    assert route.body["messages"] == [
+        {"role": "user", "content": "Look up x."},
+        {"role": "assistant", "tool_calls": [tool_call]},
+        {"role": "tool", "content": "a letter", "tool_call_id": "call_1"},
+    ]
+    route.answer = {**chat_completion("Bye."), "id": "chatcmpl-3"}
+    status, _ = call(app, "/v1/responses", {**chained, "input": "Thanks.", "stream": False}, key="bob")
+    assert status == 404  # another key's response does not exist for it
+    # a streamed response is stored too: a third turn sees all of them
+    thanks = {"model": "agent", "input": "Thanks.", "previous_response_id": streamed["id"], "store": False}
+    status, body = call(app, "/v1/responses", thanks, key="alice")
+    assert status == 200 and json.loads(body)["store"] is False
+    assert [m["role"] for m in route.body["messages"]] == ["user", "assistant", "tool", "assistant", "user"]
+    assert route.body["messages"][3]["content"] == "A letter."
+    status, body = call(
+        app, "/v1/responses", {**thanks, "previous_response_id": json.loads(body)["id"]}, "alice"
+    )
+    error = json.loads(body)["error"]
+    assert status == 404 and error["type"] == "NotFoundError" and error["param"] == "previous_response_id"
+
+
+def test_the_response_store_forgets_the_least_recently_used_past_its_bytes() -> None:
+    item = [{"type": "message", "role": "user", "content": "x" * 100}]
+    store = StoredResponses(max_bytes=3 * len(json.dumps(item)))
+    for response_id in ("a", "b", "c"):
+        store.put(response_id, "k", None, item)
+    assert store.conversation("a", "k") == item  # used: now the most recent
+    store.put("d", "k", "c", item)
+    assert store.conversation("b", "k") is None and store.stats()["responses"] == 3
+    assert store.conversation("d", "k") == item + item and store.conversation("d", "other") is None
+    assert not store.put("huge", "k", None, item * 4)

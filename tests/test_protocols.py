@@ -97,7 +97,9 @@ async def test_openai_responses_plain_streamed_and_with_a_tool_are_recorded_as_s
     trajectory.check_trainable()
 
 
-async def test_the_agents_sdk_default_responses_model_with_a_function_tool_is_recorded(inference_app) -> None:
+async def test_the_agents_sdk_default_responses_model_with_a_tool_and_a_previous_response_is_recorded(
+    inference_app,
+) -> None:
     from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 
     set_tracing_disabled(True)
@@ -122,11 +124,20 @@ async def test_the_agents_sdk_default_responses_model_with_a_function_tool_is_re
             tool_use_behavior="stop_on_first_tool",
         )
         result = await Runner.run(agent, "apple", max_turns=2)
+        # the SDK continues on the server's stored response: it sends the new input alone
+        followed = await Runner.run(agent, "pear", max_turns=2, previous_response_id=result.last_response_id)
         trajectory = await session.trajectory(reward=1.0)
-    assert result.final_output == f"{looked_up[0]}: a word"
-    (choice,) = trajectory.trainable_choices()
-    assert json.loads(choice.message.tool_calls[0].function.arguments) == {"word": looked_up[0]}
+    assert (
+        result.final_output == f"{looked_up[0]}: a word"
+        and followed.final_output == f"{looked_up[1]}: a word"
+    )
+    # the chain is one conversation: the second turn's prompt holds the first turn's call as sampled
+    assert not trajectory.additional_histories
+    first, second = trajectory.trainable_choices()
+    assert json.loads(first.message.tool_calls[0].function.arguments) == {"word": looked_up[0]}
+    assert json.loads(second.message.tool_calls[0].function.arguments) == {"word": looked_up[1]}
     assert trajectory.messages()[0] == {"role": "system", "content": "Look up the word the user gives."}
+    assert [m["content"] for m in trajectory.messages() if m["role"] == "user"] == ["apple", "pear"]
     trajectory.check_trainable()
 
 
@@ -211,7 +222,7 @@ async def test_bad_input_is_each_protocols_own_error(inference_app) -> None:
     assert refused.value.body["error"]["type"] == "authentication_error"
     with pytest.raises(openai.BadRequestError, match="input"):
         await client.responses.create(model=model.name, input=[{"type": "no_such_item"}])
-    with pytest.raises(openai.BadRequestError, match="previous_response_id"):
+    with pytest.raises(openai.NotFoundError, match="resp_1"):
         await client.responses.create(model=model.name, input="hi", previous_response_id="resp_1")
     with pytest.raises(anthropic.BadRequestError) as too_long:  # past the engine's 512-token context
         await claude.messages.create(model=model.name, messages=hello, max_tokens=4096)

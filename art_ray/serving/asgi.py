@@ -3,6 +3,7 @@ endpoint's middleware."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -53,6 +54,12 @@ def presented_key(scope: Scope) -> str | None:
         return token
     key = headers.get(b"x-api-key")
     return key.decode("latin-1") if key is not None else None
+
+
+def key_digest(scope: Scope) -> str:
+    """SHA-256 of the API key the request carries (a bearer token or `x-api-key`): what stored state
+    (capture sessions, stored responses) is bound to."""
+    return hashlib.sha256((presented_key(scope) or "").encode("latin-1")).hexdigest()
 
 
 async def send_json(send: Send, status: int, payload: dict[str, Any]) -> None:

@@ -20,7 +20,6 @@ response's last byte goes out. A session records one choice per request (`n` mus
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import time
@@ -35,7 +34,7 @@ from art_ray.serving.asgi import (
     Receive,
     Scope,
     Send,
-    presented_key,
+    key_digest,
     read_body,
     replay,
     send_error,
@@ -54,11 +53,6 @@ from art_ray.serving.endpoint_guard import (
 
 SESSION_HEADER = b"x-art-ray-session"
 ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitError"}
-
-
-def key_digest(scope: Scope) -> str:
-    """SHA-256 of the API key the request carries (a bearer token or `x-api-key`)."""
-    return hashlib.sha256((presented_key(scope) or "").encode("latin-1")).hexdigest()
 
 
 class CaptureMiddleware:

@@ -52,6 +52,9 @@ class ServingConfig(pydantic.BaseModel):
     # before it refuses new ones (429), and how long an unused session lives. The first app's values win.
     capture_max_bytes: int = pydantic.Field(default=256 * 2**20, ge=1)
     capture_ttl_s: float = pydantic.Field(default=3600.0, gt=0)
+    # Responses API (`previous_response_id`): the bytes of stored responses' items the cluster keeps; the
+    # least recently used beyond are forgotten (a chain through one is then a 404). The first app's wins.
+    response_store_max_bytes: int = pydantic.Field(default=64 * 2**20, ge=1)
     # Tool calling: vLLM's parser for the model's tool-call format (e.g. "hermes"), and a chat template
     # (a path or the template text) when the model's own does not render `tools`.
     tool_call_parser: str | None = None

@@ -24,7 +24,7 @@ class MessagesBridge:
     def __init__(self, serving: Any) -> None:
         self._serving = serving
 
-    def chat_request(self, payload: dict[str, Any]) -> dict[str, Any]:
+    async def chat_request(self, payload: dict[str, Any], caller: str) -> dict[str, Any]:
         from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest
 
         try:
@@ -38,13 +38,13 @@ class MessagesBridge:
         body = {key: value for key, value in chat.model_dump(exclude_unset=True).items() if value is not None}
         return {**body, **sampling_extras(payload)}
 
-    def response(self, chat: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
+    async def response(self, chat: dict[str, Any], payload: dict[str, Any], caller: str) -> dict[str, Any]:
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionResponse
 
         message = self._serving.messages_full_converter(ChatCompletionResponse.model_validate(chat))
         return message.model_dump(exclude_none=True)
 
-    def stream(self, chunks: AsyncIterator[str], payload: dict[str, Any]) -> AsyncIterator[str]:
+    def stream(self, chunks: AsyncIterator[str], payload: dict[str, Any], caller: str) -> AsyncIterator[str]:
         return self._serving.message_stream_converter(chunks)
 
     def error(self, status: int, message: str, error_type: str, param: str | None) -> dict[str, Any]:

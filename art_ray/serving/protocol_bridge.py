@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
@@ -28,6 +29,7 @@ from art_ray.serving.asgi import (
     Receive,
     Scope,
     Send,
+    key_digest,
     read_body,
     replay,
     send_json,
@@ -35,6 +37,9 @@ from art_ray.serving.asgi import (
     with_path,
 )
 from art_ray.serving.endpoint_guard import CHAT_PATH, request_path, routed_path
+
+# OpenAI's error `type` by the status a bridge refuses with
+ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError"}
 
 
 class BridgeRequestError(Exception):
@@ -47,17 +52,19 @@ class BridgeRequestError(Exception):
 
 
 class ChatBridge(Protocol):
-    """One protocol's translation to and from chat completions (payloads are JSON-shaped dicts)."""
+    """One protocol's translation to and from chat completions (payloads are JSON-shaped dicts). `caller`
+    is the SHA-256 of the request's key ("" on an endpoint without one): what state a protocol keeps
+    between requests is bound to it."""
 
-    def chat_request(self, payload: dict[str, Any]) -> dict[str, Any]:
+    async def chat_request(self, payload: dict[str, Any], caller: str) -> dict[str, Any]:
         """The chat completion request for `payload`; raises BridgeRequestError."""
         ...
 
-    def response(self, chat: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
+    async def response(self, chat: dict[str, Any], payload: dict[str, Any], caller: str) -> dict[str, Any]:
         """The protocol's response for a chat completion."""
         ...
 
-    def stream(self, chunks: AsyncIterator[str], payload: dict[str, Any]) -> AsyncIterator[str]:
+    def stream(self, chunks: AsyncIterator[str], payload: dict[str, Any], caller: str) -> AsyncIterator[str]:
         """The protocol's server-sent events for a chat completion's (`data: ...` items, `[DONE]` last)."""
         ...
 
@@ -67,11 +74,13 @@ class ChatBridge(Protocol):
 
 
 class ProtocolBridge:
-    """ASGI middleware: `bridges` maps a route (`/v1/responses`, `/v1/messages`) to its ChatBridge."""
+    """ASGI middleware: `bridges` maps a route (`/v1/responses`, `/v1/messages`) to its ChatBridge.
+    `keyed`: whether the endpoint has a key; a keyless one binds nothing to the made-up keys clients send."""
 
-    def __init__(self, app: Callable, bridges: dict[str, ChatBridge]) -> None:
+    def __init__(self, app: Callable, bridges: dict[str, ChatBridge], keyed: bool = False) -> None:
         self.app = app
         self._bridges = bridges
+        self._keyed = keyed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") != "POST":
@@ -87,47 +96,45 @@ class ProtocolBridge:
             payload = json.loads(await read_body(receive))
         except ValueError:
             payload = None
+        caller = key_digest(scope) if self._keyed else ""
         try:
             if not isinstance(payload, dict):
                 raise BridgeRequestError(400, "the request body must be a JSON object")
-            chat = bridge.chat_request(payload)
+            chat = await bridge.chat_request(payload, caller)
         except BridgeRequestError as error:
-            body = bridge.error(error.status, str(error), "BadRequestError", error.param)
+            body = bridge.error(error.status, str(error), ERROR_TYPES[error.status], error.param)
             await send_json(send, error.status, body)
             return
         body = json.dumps(chat).encode()
         scope = with_path(scope, path[: len(path) - len(route)] + CHAT_PATH)
         scope["headers"] = with_content_length(scope["headers"], len(body))
         inner_receive = replay(body, receive)
+        call = _Call(bridge, payload, caller)
         if chat.get("stream"):
-            await self._stream(bridge, payload, scope, inner_receive, send)
+            await self._stream(call, scope, inner_receive, send)
         else:
-            await self._unary(bridge, payload, scope, inner_receive, send)
+            await self._unary(call, scope, inner_receive, send)
 
-    async def _unary(
-        self, bridge: ChatBridge, payload: dict[str, Any], scope: Scope, receive: Receive, send: Send
-    ) -> None:
+    async def _unary(self, call: _Call, scope: Scope, receive: Receive, send: Send) -> None:
         answer = _Buffered()
         await self.app(scope, receive, answer.send)
-        await answer.translate(bridge, payload, send)
+        await answer.translate(call, send)
 
-    async def _stream(
-        self, bridge: ChatBridge, payload: dict[str, Any], scope: Scope, receive: Receive, send: Send
-    ) -> None:
+    async def _stream(self, call: _Call, scope: Scope, receive: Receive, send: Send) -> None:
         events = _EventQueue()
         inner = asyncio.ensure_future(self.app(scope, receive, events.send))
         try:
             status = await events.status(inner)
             if status != 200:  # an error answers as JSON: translate it whole
                 await inner
-                await events.buffered.translate(bridge, payload, send)
+                await events.buffered.translate(call, send)
                 return
             headers = [
                 (b"content-type", b"text/event-stream; charset=utf-8"),
                 (b"cache-control", b"no-cache"),
             ]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
-            async for event in bridge.stream(events.items(), payload):
+            async for event in call.bridge.stream(events.items(), call.payload, call.caller):
                 await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
             await send({"type": "http.response.body", "body": b""})
             await inner
@@ -136,6 +143,15 @@ class ProtocolBridge:
                 inner.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await inner
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """One bridged request: its protocol, the client's payload and who asked."""
+
+    bridge: ChatBridge
+    payload: dict[str, Any]
+    caller: str
 
 
 class _Buffered:
@@ -151,13 +167,13 @@ class _Buffered:
         elif message["type"] == "http.response.body":
             self.chunks.append(message.get("body", b""))
 
-    async def translate(self, bridge: ChatBridge, payload: dict[str, Any], send: Send) -> None:
+    async def translate(self, call: _Call, send: Send) -> None:
         try:
             body = json.loads(b"".join(self.chunks))
         except ValueError:
             body = None
         if self.status == 200 and isinstance(body, dict):
-            await send_json(send, 200, bridge.response(body, payload))
+            await send_json(send, 200, await call.bridge.response(body, call.payload, call.caller))
             return
         error = body.get("error") if isinstance(body, dict) else None
         if not isinstance(error, dict):  # vLLM's own shapes, e.g. {"error": "Unauthorized"} or a detail
@@ -165,7 +181,7 @@ class _Buffered:
         status = self.status if self.status >= 400 else 500
         message = str(error.get("message", ""))
         await send_json(
-            send, status, bridge.error(status, message, str(error.get("type")), error.get("param"))
+            send, status, call.bridge.error(status, message, str(error.get("type")), error.get("param"))
         )
 
 

@@ -26,6 +26,7 @@ from art_ray.serving.endpoint_guard import MESSAGES_PATH, RESPONSES_PATH, Endpoi
 from art_ray.serving.messages_bridge import MessagesBridge
 from art_ray.serving.middleware import ModelRoutingMiddleware
 from art_ray.serving.protocol_bridge import ProtocolBridge
+from art_ray.serving.response_store import ClusterResponseHistory
 from art_ray.serving.responses_bridge import ResponsesBridge
 from art_ray.serving.vllm_app import build_engine_and_app
 
@@ -59,9 +60,10 @@ class InferenceReplica:
             Middleware(
                 ProtocolBridge,
                 bridges={
-                    RESPONSES_PATH: ResponsesBridge(),
+                    RESPONSES_PATH: ResponsesBridge(ClusterResponseHistory(config.response_store_max_bytes)),
                     MESSAGES_PATH: MessagesBridge(self._app.state.anthropic_serving_messages),
                 },
+                keyed=config.api_key is not None,
             ),
             Middleware(CaptureMiddleware, store=get_capture_store, keyed=config.api_key is not None),
         ]

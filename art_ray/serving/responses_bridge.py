@@ -11,8 +11,13 @@ Agents SDK read: `response.created`, `response.in_progress`, `response.output_it
 `response.output_item.done`, then `response.completed` (or `response.incomplete` when cut at
 `max_output_tokens`) with the whole response.
 
-Not supported (a 400 that says so): `previous_response_id` and `conversation` (art-ray stores no
-responses: send the whole conversation as `input`, as the Agents SDK does by default), `background`,
+`previous_response_id`: every response is stored (unless the request says `store: false`) with the input
+items it added and its output items, in the cluster's response store (art_ray/serving/response_store.py);
+a request that names one is served over the chain's items followed by its own input, so the chat turn
+extends the previous one and capture records the chain as one conversation. A response that is not stored
+(forgotten, `store: false`, another key's) is a 404, as OpenAI answers it.
+
+Not supported (a 400 that says so): `conversation` (server-side conversation objects), `background`,
 and tools other than functions (web search, file search, MCP, ...).
 """
 
@@ -22,7 +27,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 import pydantic
 
@@ -52,19 +57,54 @@ def _chat_tool_choice(tool_choice: Any) -> Any:
     )
 
 
+class ResponseHistory(Protocol):
+    """Stored responses (art_ray/serving/response_store.py), bound to the key that asked for them."""
+
+    async def put(
+        self, response_id: str, owner: str, previous_id: str | None, items: list[dict[str, Any]]
+    ) -> None: ...
+
+    async def conversation(self, response_id: str, owner: str) -> list[dict[str, Any]] | None:
+        """The items of the chain ending at `response_id`, oldest first (None: not stored for `owner`)."""
+        ...
+
+
+def _input_items(request_input: Any) -> Any:
+    """The request's `input` as items (a string is one user message); anything else as it came, for the
+    request's validation to refuse."""
+    if isinstance(request_input, str):
+        return [{"role": "user", "content": request_input}]
+    return request_input
+
+
 class ResponsesBridge:
-    def chat_request(self, payload: dict[str, Any]) -> dict[str, Any]:
+    def __init__(self, history: ResponseHistory) -> None:
+        self._history = history
+
+    async def chat_request(self, payload: dict[str, Any], caller: str) -> dict[str, Any]:
+        previous_id = payload.get("previous_response_id")
+        if previous_id is not None:
+            earlier = await self._history.conversation(str(previous_id), caller)
+            if earlier is None:
+                raise BridgeRequestError(
+                    404, f"Response with id '{previous_id}' not found.", "previous_response_id"
+                )
+            new_items = _input_items(payload.get("input"))
+            if isinstance(new_items, list):
+                payload = {**payload, "input": earlier + new_items}
+        return self._chat_request(payload)
+
+    def _chat_request(self, payload: dict[str, Any]) -> dict[str, Any]:
         from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
         from vllm.entrypoints.openai.responses.utils import construct_input_messages, construct_tool_dicts
 
-        for unsupported in ("previous_response_id", "conversation"):
-            if payload.get(unsupported):
-                raise BridgeRequestError(
-                    400,
-                    f"`{unsupported}` is not supported: art-ray stores no responses; send the whole "
-                    "conversation as `input`",
-                    unsupported,
-                )
+        if payload.get("conversation"):
+            raise BridgeRequestError(
+                400,
+                "`conversation` is not supported: continue with `previous_response_id`, or send the whole "
+                "conversation as `input`",
+                "conversation",
+            )
         if payload.get("background"):
             raise BridgeRequestError(400, "`background` responses are not supported", "background")
         for tool in payload.get("tools") or []:
@@ -114,7 +154,7 @@ class ResponsesBridge:
             chat["stream_options"] = {"include_usage": True}
         return chat
 
-    def response(self, chat: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
+    async def response(self, chat: dict[str, Any], payload: dict[str, Any], caller: str) -> dict[str, Any]:
         (choice, *_) = chat.get("choices") or [{}]
         message = choice.get("message") or {}
         output: list[dict[str, Any]] = []
@@ -128,9 +168,23 @@ class ResponsesBridge:
                     _item_id("fc"), call.get("id"), function.get("name"), function.get("arguments")
                 )
             )
-        return _response(chat, payload, output, choice.get("finish_reason"), chat.get("usage"))
+        response = _response(chat, payload, output, choice.get("finish_reason"), chat.get("usage"))
+        await self._store(response, payload, caller)
+        return response
 
-    async def stream(self, chunks: AsyncIterator[str], payload: dict[str, Any]) -> AsyncIterator[str]:
+    async def _store(self, response: dict[str, Any], payload: dict[str, Any], caller: str) -> None:
+        """Keep the response for a request that continues it (`previous_response_id`): the items this
+        request added, then the output."""
+        if payload.get("store") is False:
+            return
+        items = _input_items(payload.get("input"))
+        await self._history.put(
+            response["id"], caller, payload.get("previous_response_id"), [*items, *response["output"]]
+        )
+
+    async def stream(
+        self, chunks: AsyncIterator[str], payload: dict[str, Any], caller: str
+    ) -> AsyncIterator[str]:
         events = _ResponseEvents(payload)
         async for item in chunks:
             data = item.removeprefix("data:").strip()
@@ -143,8 +197,14 @@ class ResponsesBridge:
                 return
             for event in events.chunk(chunk):
                 yield event
-        for event in events.finish():
+        if events.first is None:  # no chunk at all: the chat route ended without a completion
+            yield events.error("the completion ended without output")
+            return
+        for event in events.close_items():
             yield event
+        response = events.response()
+        await self._store(response, payload, caller)
+        yield events.done(response)
 
     def error(self, status: int, message: str, error_type: str, param: str | None) -> dict[str, Any]:
         return {"error": {"message": message, "type": error_type, "param": param, "code": status}}
@@ -245,8 +305,8 @@ def _response(
         "tools": payload.get("tools") or [],
         "tool_choice": payload.get("tool_choice") or "auto",
         "text": payload.get("text") or {"format": {"type": "text"}},
-        "previous_response_id": None,
-        "store": False,
+        "previous_response_id": payload.get("previous_response_id"),
+        "store": payload.get("store") is not False,
         "usage": _usage(usage),
     }
     for key in ECHOED:
@@ -393,9 +453,8 @@ class _ResponseEvents:
     def error(self, message: str, param: str | None = None) -> str:
         return self._event("error", code="server_error", message=message, param=param)
 
-    def finish(self) -> list[str]:
-        if self.first is None:  # no chunk at all: the chat route ended without a completion
-            return [self.error("the completion ended without output")]
+    def close_items(self) -> list[str]:
+        """The events that finish the items still open."""
         events = self._close_text()
         for index in sorted(self.calls):
             item = self.calls[index]
@@ -413,7 +472,13 @@ class _ResponseEvents:
             ]
             self.output.append(item)
         self.calls = {}
-        response = _response(self.first, self.payload, self.output, self.finish_reason, self.usage)
-        kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
-        events.append(self._event(kind, response=response))
         return events
+
+    def response(self) -> dict[str, Any]:
+        """The whole response, once the stream ended and its items are closed."""
+        assert self.first is not None
+        return _response(self.first, self.payload, self.output, self.finish_reason, self.usage)
+
+    def done(self, response: dict[str, Any]) -> str:
+        kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
+        return self._event(kind, response=response)
