@@ -100,6 +100,7 @@ class RayBackend:
         # before it is complete the restarted group runs the call again (same groups, same step)
         self._last_call: dict[str, Callable[[TrainerGroup], AsyncIterator[TrainEvent]]] = {}
         self._trackers: dict[str, Tracker] = {}
+        self._restarting = asyncio.Lock()
         self._started_ray = False
 
     def _connect(self) -> None:
@@ -208,9 +209,15 @@ class RayBackend:
         plan = plan_model(model.config, cluster_shapes())
         if "gpu" in (plan.engine_device, plan.trainer_device):
             print(await self._gpu_memory_plan(model, base_model, plan), flush=True)
+        shared = None
+        if model.name not in self._trainers and model.config.share_trainer:
+            wanted = self._trainer_config(model, base_model, plan)
+            shared = next((t.ranks for t in self._trainers.values() if t.ranks.accepts(wanted)), None)
         # Everything this call will start must fit before any of it starts.
         demands = (
-            [] if model.name in self._trainers else [plan.trainer_rank.demand()] * model.config.world_size
+            []
+            if model.name in self._trainers or shared is not None
+            else [plan.trainer_rank.demand()] * model.config.world_size
         )
         if self._base_model is None:
             demands += [plan.replica.demand()] * model.config.replicas_at_start
@@ -221,9 +228,10 @@ class RayBackend:
             "trainer_cpus_per_rank / trainer_gpus_per_rank / world_size / trainer_resources",
             model.config.placement_timeout_s,
         )
-        print(f"art-ray: {model.name}: {plan.describe()}", flush=True)
-        for line in self._cpu_memory_plan(model, base_model, plan):
-            print(f"art-ray: {model.name}: {line}", flush=True)
+        if shared is None:  # a run that joins a trainer starts nothing the plan would describe
+            print(f"art-ray: {model.name}: {plan.describe()}", flush=True)
+            for line in self._cpu_memory_plan(model, base_model, plan):
+                print(f"art-ray: {model.name}: {line}", flush=True)
         parts: dict[str, Awaitable[Any]] = {}
         if self._base_model is None:
             config = self._serving_config(model, base_model, plan)
@@ -250,8 +258,10 @@ class RayBackend:
             trainer = TrainerGroup(
                 self._trainer_config(model, base_model, plan),
                 placement_timeout_s=model.config.placement_timeout_s,
+                ranks=shared,
             )
-            parts["trainer"] = trainer.prepare()
+            label = "trainer" if shared is None else f"run on the trainer of {shared.founder.model}"
+            parts[label] = trainer.prepare()
         if model.name not in self._trackers:
             tracking_uri = model.tracking_uri or self.tracking_uri
             parts["MLflow"] = asyncio.to_thread(Tracker, model.project, model.name, tracking_uri)
@@ -271,7 +281,7 @@ class RayBackend:
                 failed.append(error)
         if failed:
             if trainer is not None:
-                trainer.kill()
+                await trainer.leave()
             raise failed[0]
         if trainer is not None:
             self._trainers[model.name] = trainer
@@ -318,39 +328,54 @@ class RayBackend:
         """Run a train call; when a trainer rank died, restart the group from its last complete
         checkpoint and run the call once more (its gradient steps stream again). Only the result's
         metrics are logged, once."""
+        trainer = self._trainer(model)
         try:
-            async for event in self._logged(model, call(self._trainer(model))):
+            async for event in self._logged(model, call(trainer)):
                 yield event
             self._last_call[model.name] = call
             return
         except ray.exceptions.RayActorError as died:
-            reason = type(died).__name__
-            print(f"art-ray: {model.name}: a trainer rank died ({reason}); restarting it", flush=True)
-            await self._restart_trainer(model)
+            # runs sharing the ranks all meet the dead rank: the first restarts them for every run
+            async with self._restarting:
+                if self._trainers.get(model.name) is trainer:
+                    reason = type(died).__name__
+                    print(f"art-ray: {model.name}: a trainer rank died ({reason}); restarting it", flush=True)
+                    await self._restart_trainer(model)
         async for event in self._logged(model, call(self._trainer(model))):
             yield event
         self._last_call[model.name] = call
 
     async def _restart_trainer(self, model: TrainableModel) -> None:
-        """A new group from the latest complete checkpoint. When the rank died while the last call's
-        checkpoint was being written, that call runs again first, so its step is not lost (its metrics
-        were logged when it returned and are not logged again)."""
+        """New ranks from the latest complete checkpoint, for the model and every run that shared its
+        ranks. When a rank died while a run's last checkpoint was being written, that call runs again
+        first, so its step is not lost (its metrics were logged when it returned and are not logged
+        again)."""
         from art_ray.trainer.group import TrainerGroup
 
-        dead = self._trainers.pop(model.name)
+        dead = self._trainers[model.name]
+        runs = [
+            model.name,
+            *(n for n, t in self._trainers.items() if t.ranks is dead.ranks and n != model.name),
+        ]
         dead.kill()
-        trainer = TrainerGroup(dead.config, placement_timeout_s=model.config.placement_timeout_s)
-        await trainer.start()  # resumes from the latest complete checkpoint and publishes it
-        self._trainers[model.name] = trainer
-        if trainer.step == dead.step - 1 and model.name in self._last_call:
-            print(f"art-ray: {model.name}: step {dead.step} was not on storage; training it again")
-            async for _ in self._last_call[model.name](trainer):
-                pass
-        if trainer.step != dead.step:
-            raise BackendError(
-                f"{model.name}: the trainer lost steps {trainer.step + 1}..{dead.step} with its rank "
-                "(no complete checkpoint holds them)"
+        ranks = None
+        for name in runs:
+            old = self._trainers.pop(name)
+            trainer = TrainerGroup(
+                old.config, placement_timeout_s=old.config.settings.placement_timeout_s, ranks=ranks
             )
+            await trainer.start()  # resumes from the latest complete checkpoint and publishes it
+            ranks = trainer.ranks
+            self._trainers[name] = trainer
+            if trainer.step == old.step - 1 and name in self._last_call:
+                print(f"art-ray: {name}: step {old.step} was not on storage; training it again")
+                async for _ in self._last_call[name](trainer):
+                    pass
+            if trainer.step != old.step:
+                lost = f"{name}: the trainer lost steps {trainer.step + 1}..{old.step} with its rank"
+                if name == model.name:
+                    raise BackendError(f"{lost} (no complete checkpoint holds them)")
+                print(f"art-ray: {lost}; it goes on from step {trainer.step}", flush=True)
 
     async def _logged(
         self, model: TrainableModel, events: AsyncIterator[TrainEvent]

@@ -65,6 +65,10 @@ class ModelConfig(pydantic.BaseModel):
     # (cluster.yaml gives worker types resources such as {"trainer_node": 1}).
     trainer_resources: dict[str, float] = pydantic.Field(default_factory=dict)
     seed: int = 0
+    # Train on the trainer group of a model already registered on the backend when their base model and
+    # trainer settings agree (one copy of the base weights; train calls take turns, round-robin across the
+    # runs; art_ray/trainer/runs.py says what may differ). CPU trainers at zero_stage 0; others get their own.
+    share_trainer: bool = False
     # serving
     num_replicas: int = pydantic.Field(default=1, ge=1)
     # None: num_replicas, fixed; set: Serve scales the replicas between its min and max (num_replicas unused)

@@ -1,4 +1,5 @@
-"""What runs on a cluster: the models the LoRA registry knows and what each inference replica serves."""
+"""What runs on a cluster: the models the LoRA registry knows, what each inference replica serves, and the
+trainers with the runs they hold."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import pydantic
 import ray
 
 from art_ray.adapters.registry import INFERENCE_DEPLOYMENT, get_registry
+from art_ray.trainer.group import TRAINER_NAME_PREFIX, TRAINER_NAMESPACE
+from art_ray.trainer.runs import RunStatus
 
 
 class ModelStatus(pydantic.BaseModel):
@@ -23,9 +26,17 @@ class AppStatus(pydantic.BaseModel):
     replicas: list[dict[str, list[int]]]
 
 
+class TrainerStatus(pydantic.BaseModel):
+    """A trainer group's ranks (rank 0's actor name) and the runs they hold."""
+
+    name: str
+    runs: list[RunStatus]
+
+
 class ClusterStatus(pydantic.BaseModel):
     models: list[ModelStatus]
     apps: list[AppStatus]
+    trainers: list[TrainerStatus] = pydantic.Field(default_factory=list)
 
 
 def cluster_status(timeout_s: float = 30.0) -> ClusterStatus:
@@ -63,7 +74,23 @@ def cluster_status(timeout_s: float = 30.0) -> ClusterStatus:
                 replicas=replicas,
             )
         )
-    return ClusterStatus(models=sorted(models, key=lambda m: m.model), apps=apps)
+    return ClusterStatus(
+        models=sorted(models, key=lambda m: m.model), apps=apps, trainers=_trainers(timeout_s)
+    )
+
+
+def _trainers(timeout_s: float) -> list[TrainerStatus]:
+    trainers = []
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["namespace"] != TRAINER_NAMESPACE or not actor["name"].startswith(TRAINER_NAME_PREFIX):
+            continue
+        try:
+            handle = ray.get_actor(actor["name"], namespace=TRAINER_NAMESPACE)
+            runs = ray.get(handle.run_status.remote(), timeout=timeout_s)
+        except (ValueError, ray.exceptions.RayError):  # gone meanwhile, or still setting up
+            continue
+        trainers.append(TrainerStatus(name=actor["name"], runs=runs))
+    return sorted(trainers, key=lambda trainer: trainer.name)
 
 
 def format_status(status: ClusterStatus) -> str:
@@ -82,4 +109,15 @@ def format_status(status: ClusterStatus) -> str:
         for index, served in enumerate(app.replicas):
             versions = ", ".join(f"{model}@{steps}" for model, steps in sorted(served.items())) or "nothing"
             lines.append(f"    replica {index}: {versions}")
+    lines.append("trainers:")
+    if not status.trainers:
+        lines.append("  none running")
+    for trainer in status.trainers:
+        lines.append(f"  {trainer.name}: {len(trainer.runs)} run(s)")
+        for run in trainer.runs:
+            live = ", live" if run.live else ""
+            lines.append(
+                f"    {run.model} ({run.project}): step {run.step}{live}, "
+                f"{run.state_bytes / 2**20:.1f} MiB of adapter and optimizer state per rank"
+            )
     return "\n".join(lines)

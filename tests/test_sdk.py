@@ -191,21 +191,26 @@ async def test_a_remote_rollouts_own_exception_is_not_retried(registered, tmp_pa
 
 
 async def test_a_killed_trainer_rank_is_restarted_and_its_step_ends_as_if_nothing_happened(registered):
-    """Two models train on the same groups; one loses its trainer rank before its second step, while its
-    first step's checkpoint was not yet complete: its train() call still returns the step (step 1 trained
-    again from the same groups), its adapter equals the other's, and MLflow holds each row once."""
+    """Two models train on the same groups on one shared trainer; it loses rank 0 before their second
+    step, while the first model's first checkpoint was not yet complete: its train() call still returns the
+    step (step 1 trained again from the same groups), the other run is restarted on the new ranks with it,
+    their adapters are equal, and MLflow holds each row once."""
     import mlflow
     import ray
     import torch
     from conftest import stop_trainer
 
     backend, sampler = registered
+    # their own trainer (another micro-batch size than the session model's), shared by the two
+    shared = CONFIG.model_copy(update={"share_trainer": True, "micro_batch_rows": 2})
     killed, reference = (
-        TrainableModel(name=name, project="sdk-tests", base_model="tiny", config=CONFIG)
+        TrainableModel(name=name, project="sdk-tests", base_model="tiny", config=shared)
         for name in ("sdk-killed", "sdk-reference")
     )
     for model in (killed, reference):
         await model.register(backend)
+    ranks = backend._trainers[killed.name].ranks
+    assert backend._trainers[reference.name].ranks is ranks and ranks.runs == {killed.name, reference.name}
     try:
         for step in (1, 2):
             groups = await gather_trajectory_groups(
@@ -219,6 +224,9 @@ async def test_a_killed_trainer_rank_is_restarted_and_its_step_ends_as_if_nothin
                 ray.kill(trainer.workers[0])
             for model in (killed, reference):
                 assert await model.train(groups, TrainConfig(learning_rate=1e-3), verbose=False) == step
+        restarted = backend._trainers[killed.name].ranks
+        assert restarted is not ranks and backend._trainers[reference.name].ranks is restarted
+        assert await reference.get_step() == 2
         adapters = [await backend._trainers[m.name].adapter_tensors() for m in (killed, reference)]
         assert adapters[0].keys() == adapters[1].keys()
         for name, tensor in adapters[0].items():
@@ -291,13 +299,18 @@ async def test_captured_runs_of_every_protocol_train_a_step_that_changes_the_ser
     """Runs of agents that speak chat completions (LangChain), the Responses API (the openai SDK, the
     Agents SDK's default model) and Anthropic Messages, as remote rollouts in capture sessions, become
     trajectories; their groups train one step, the new step's outputs differ from the old one's, and each
-    protocol's next reply comes from the new step."""
+    protocol's next reply comes from the new step. The model trains on the first model's trainer
+    (`share_trainer`)."""
     import anthropic
     from conftest import stop_trainer
 
-    backend, _ = registered
-    model = TrainableModel(name="sdk-captured", project="sdk-tests", base_model="tiny", config=CONFIG)
+    backend, first = registered
+    # it trains on the first model's trainer: one copy of the base weights, no second trainer to start
+    shared = CONFIG.model_copy(update={"share_trainer": True})
+    model = TrainableModel(name="sdk-captured", project="sdk-tests", base_model="tiny", config=shared)
     await model.register(backend)
+    assert backend._trainers[model.name].ranks is backend._trainers[first.name].ranks
+    first_step = await first.get_step()
     agent = captured_rollout(protocol_agent)
 
     async def greedy_logprobs(step: int) -> list[float]:
@@ -330,8 +343,10 @@ async def test_captured_runs_of_every_protocol_train_a_step_that_changes_the_ser
             model=model.name, messages=[{"role": "user", "content": "hi"}], max_tokens=2
         )
         assert response.model == message.model == latest
+        assert await first.get_step() == first_step  # the run it shares a trainer with did not move
     finally:
         stop_trainer(backend, model.name)
+    assert backend._trainers[first.name].ranks.runs == {first.name}  # the other run goes on
 
 
 def val_group(reward: float) -> TrajectoryGroup:

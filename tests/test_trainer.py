@@ -17,6 +17,7 @@ from openai.types.chat.chat_completion import Choice
 from art_ray import ModelConfig, TrainConfig, Trajectory, TrajectoryGroup, sampled_tokens
 from art_ray.adapters.spec import LoRASpec
 from art_ray.placement import Reservation
+from art_ray.status import cluster_status
 from art_ray.trainer.config import TrainerConfig
 from art_ray.trainer.group import TrainerGroup
 
@@ -26,7 +27,9 @@ SPEC = LoRASpec(r=8, alpha=16)  # the shape the session's app published for step
 PROMPTS = ["Name a color.", "Say a number.", "Pick an animal."]
 
 
-def trainer_config(app, name: str, storage, world_size: int = 1, zero_stage: int = 0) -> TrainerConfig:
+def trainer_config(
+    app, name: str, storage, world_size: int = 1, zero_stage: int = 0, seed: int = 0
+) -> TrainerConfig:
     return TrainerConfig(
         model=name,
         project="tests",
@@ -42,6 +45,7 @@ def trainer_config(app, name: str, storage, world_size: int = 1, zero_stage: int
             # rank), so one element in a thousand moved by ~lr between world sizes in CI. An eps far
             # above float32 rounding keeps the update a smooth function of the gradient.
             adam_epsilon=1e-4,
+            seed=seed,
         ),
         rank=Reservation(num_cpus=0.25),
     )
@@ -214,11 +218,20 @@ def test_precalculated_logprobs_train_as_if_the_sampler_had_matched_the_trainer(
     assert_same_adapter(one_rank_adapter, adapter, atol=1e-5)
 
 
-def test_resumed_run_equals_an_uninterrupted_one(inference_app, rollouts, tmp_path) -> None:
+@pytest.fixture(scope="module")
+def three_calls_adapter(inference_app, rollouts, tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The adapter of three train calls on a group of its own."""
+    storage = tmp_path_factory.mktemp("straight")
+    return asyncio.run(trained_adapter(inference_app, rollouts, storage, 1, calls=3))
+
+
+def test_resumed_run_equals_an_uninterrupted_one(
+    inference_app, rollouts, three_calls_adapter, tmp_path
+) -> None:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    uninterrupted = asyncio.run(trained_adapter(inference_app, rollouts, tmp_path / "straight", 1, calls=3))
+    uninterrupted = three_calls_adapter
 
     async def interrupted() -> dict[str, torch.Tensor]:
         # a pyarrow.fs URI: checkpoints go through the upload/download path used for s3:// or gs://
@@ -256,3 +269,56 @@ def test_nothing_trainable_still_advances_the_step(inference_app, rollouts, tmp_
     assert metrics[0]["train/nothing_trainable"] == 1.0
     assert metrics[0]["data/step_num_groups_trainable"] == 0
     assert step == 1
+
+
+def test_a_run_sharing_its_trainer_with_two_others_trains_as_it_would_alone(
+    inference_app, rollouts, three_calls_adapter, tmp_path
+) -> None:
+    """Three runs of the base model on one set of ranks (other seeds, storage and names beside this one),
+    their train calls in flight together: the round-robin interleaves them, each call swapping its run's
+    adapter, optimizer state and RNG in, and "equivalence" ends where three calls on its own ranks end."""
+    train = TrainConfig(learning_rate=1e-2, num_gradient_steps=2)
+
+    async def calls(group: TrainerGroup, count: int) -> None:
+        for _ in range(count):
+            await run_train(group, rollouts, train)
+
+    async def shared() -> tuple[list[dict[str, torch.Tensor]], list[int]]:
+        founder = TrainerGroup(
+            trainer_config(inference_app, "tenant-b", tmp_path / "b", seed=1), publish=False
+        )
+        await founder.start()
+        runs = [
+            TrainerGroup(
+                trainer_config(inference_app, name, tmp_path / name, seed=seed),
+                publish=False,
+                ranks=founder.ranks,
+            )
+            for name, seed in (("equivalence", 0), ("tenant-c", 2))
+        ]
+        groups = [runs[0], founder, runs[1]]
+        try:
+            await asyncio.gather(*(group.start() for group in runs))
+            assert all(founder.ranks.accepts(group.config) for group in runs) and len(founder.workers) == 1
+            await calls(founder, 1)  # the founder's moments are live when the others' first calls swap in
+            await asyncio.gather(calls(groups[0], 3), calls(founder, 1), calls(groups[2], 2))
+            status = await asyncio.to_thread(cluster_status)  # a sync call, as `art-ray status` makes it
+            (listed,) = [t for t in status.trainers if t.name.startswith("art_ray_trainer:tenant-b:")]
+            assert {run.model: run.step for run in listed.runs} == {
+                "tenant-b": 2,
+                "equivalence": 3,
+                "tenant-c": 2,
+            }
+            assert sum(run.live for run in listed.runs) == 1 and all(
+                run.state_bytes > 0 for run in listed.runs
+            )
+            return [await group.adapter_tensors() for group in groups], [group.step for group in groups]
+        finally:
+            for group in groups:
+                group.shutdown()
+
+    adapters, steps = asyncio.run(shared())
+    assert steps == [3, 2, 2]
+    assert_same_adapter(three_calls_adapter, adapters[0])
+    assert any(not torch.equal(adapters[0][name], adapters[1][name]) for name in adapters[0])  # its own run
+    assert (tmp_path / "equivalence" / "tests" / "models" / "equivalence" / "checkpoints" / "0003").is_dir()

@@ -155,10 +155,16 @@ class LoRARegistry:
         timeout_s: float = 300.0,
     ) -> dict[str, int]:
         """Record a version and push it to every live replica; returns {"replicas": n} once they serve
-        it. The tensors come from `source.captured_adapter(step)` (trainer rank 0): this actor calls it, so
-        it owns the one object that call creates, and the version outlives the trainer."""
+        it. The tensors come from `source.captured_adapter(model, step)` (trainer rank 0): this actor calls
+        it, so it owns the one object that call creates, and the version outlives the trainer."""
         return await self._record(
-            model, step, base_model, lora, source.captured_adapter.remote(step), keep_versions, timeout_s
+            model,
+            step,
+            base_model,
+            lora,
+            source.captured_adapter.remote(model, step),
+            keep_versions,
+            timeout_s,
         )
 
     async def publish_packed(

@@ -1,7 +1,9 @@
 """The trainer group: world_size TrainerWorker actors in a placement group, driven as one.
 
-After every train call rank 0's adapter is published to the serving replicas through the LoRA registry
-as the next step; `train` returns when every live replica serves it. The checkpoint is written in the
+The ranks (`TrainerRanks`) may hold several runs of one base model (art_ray/trainer/runs.py); each run
+drives them through its own `TrainerGroup`, one train call at a time across runs, round-robin. After
+every train call rank 0's adapter is published to the serving replicas through the LoRA registry as the
+run's next step; `train` returns when every live replica serves it. The checkpoint is written in the
 background meanwhile (the ranks write it before they run anything else), and marked complete last.
 Colocated, the engines give the devices to the trainer for the train call and take them back after.
 """
@@ -9,7 +11,10 @@ Colocated, the engines give the devices to the trainer for the train call and ta
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -24,6 +29,7 @@ from art_ray.placement import PlacementError
 from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.train_result import GradientStep, TrainEvent, TrainResult
 from art_ray.trainer.config import TrainerConfig
+from art_ray.trainer.runs import group_key, shareable
 from art_ray.trainer.worker import ADAPTER_GROUP, CHECKPOINT_GROUP, STATE_FILE, TrainerWorker
 from art_ray.trajectories import Trajectory, TrajectoryGroup
 
@@ -40,12 +46,22 @@ def latest_checkpoint(config: TrainerConfig) -> tuple[int, str] | None:
     return (steps[-1], config.checkpoint_dir(steps[-1])) if steps else None
 
 
-class TrainerGroup:
-    def __init__(
-        self, config: TrainerConfig, publish: bool = True, placement_timeout_s: float = 60.0
-    ) -> None:
-        self.config = config
-        self.publish = publish
+TRAINER_NAMESPACE = "art_ray"
+TRAINER_NAME_PREFIX = "art_ray_trainer:"
+
+
+def trainer_actor_name(config: TrainerConfig) -> str:
+    """Rank 0's actor name: the founding run's and a random suffix (a restarted group's differs)."""
+    return f"{TRAINER_NAME_PREFIX}{config.model}:{uuid.uuid4().hex[:8]}"
+
+
+class TrainerRanks:
+    """The ranks of a trainer group (world_size TrainerWorker actors in a placement group) and the runs
+    they hold (art_ray/trainer/runs.py). Train calls take turns: one run's at a time, in each run's own
+    order, round-robin across the runs that have one waiting, so no run waits behind a busy one."""
+
+    def __init__(self, config: TrainerConfig, placement_timeout_s: float = 60.0) -> None:
+        self.founder = config
         self._placement_timeout_s = placement_timeout_s
         # Ray rejects all-zero bundles; a rank that reserves nothing still needs a place to stand
         bundle = config.rank.demand() or {"CPU": 0.001}
@@ -64,12 +80,134 @@ class TrainerGroup:
                     self._placement_group, placement_group_bundle_index=rank
                 ),
                 runtime_env={"env_vars": env},
+                # rank 0 is named, so `art-ray status` finds every trainer on the cluster
+                **({"name": trainer_actor_name(config), "namespace": TRAINER_NAMESPACE} if rank == 0 else {}),
             )
             .remote(config, rank)
             for rank in range(config.settings.world_size)
         ]
+        self.runs: set[str] = {config.model}
+        self._turns = RoundRobin()
+        self._started: asyncio.Future[None] | None = None
+
+    def accepts(self, config: TrainerConfig) -> bool:
+        """Whether a run of `config` can train on these ranks."""
+        return shareable(config) is None and group_key(config) == group_key(self.founder)
+
+    async def start(self) -> None:
+        """Place and set up the ranks (once; callers that come later wait for the first)."""
+        if self._started is None:
+            self._started = asyncio.ensure_future(self._setup())
+        if not self._started.done():
+            await asyncio.shield(self._started)
+        self._started.result()  # the setup's error, for every caller
+
+    async def _setup(self) -> None:
+        try:
+            await asyncio.wait_for(self._placement_group.ready(), self._placement_timeout_s)
+        except TimeoutError:
+            self.kill()
+            raise PlacementError(
+                f"the trainer of {self.founder.model!r} was not placed within "
+                f"{self._placement_timeout_s:.0f} s "
+                f"({self.founder.settings.world_size} x {self.founder.rank.demand()}); free those resources "
+                "or change ModelConfig.trainer_cpus_per_rank / trainer_gpus_per_rank / world_size"
+            ) from None
+        address, port = await self.workers[0].rendezvous.remote()
+        await asyncio.gather(*(worker.setup.remote(address, port) for worker in self.workers))
+
+    async def add_run(self, config: TrainerConfig) -> None:
+        await self.start()
+        if config.model not in self.runs:
+            await asyncio.gather(*(worker.add_run.remote(config) for worker in self.workers))
+            self.runs.add(config.model)
+
+    async def remove_run(self, run: str) -> None:
+        if run in self.runs and len(self.runs) > 1:
+            await asyncio.gather(*(worker.remove_run.remote(run) for worker in self.workers))
+        self.runs.discard(run)
+
+    def turn(self, run: str) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._turns.turn(run)
+
+    def kill(self) -> None:
+        """Stop every rank now (a group with a dead rank: the others may wait on it in a collective)."""
+        for worker in self.workers:
+            ray.kill(worker)
+        remove_placement_group(self._placement_group)
+
+
+class RoundRobin:
+    """Turns for runs: FIFO within a run, and the next turn goes to the run after the last one served
+    (in the order runs first asked) that has a caller waiting."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, collections.deque[asyncio.Future[None]]] = {}
+        self._order: list[str] = []
+        self._last: str | None = None
+        self._busy = False
+
+    @contextlib.asynccontextmanager
+    async def turn(self, run: str) -> AsyncIterator[None]:
+        if run not in self._order:
+            self._order.append(run)
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(run, collections.deque()).append(granted)
+        self._grant()
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():  # granted as it was cancelled: pass it on
+                self._release()
+            elif granted in self._waiting[run]:
+                self._waiting[run].remove(granted)
+            raise
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        self._busy = False
+        self._grant()
+
+    def _grant(self) -> None:
+        if self._busy:
+            return
+        start = self._order.index(self._last) + 1 if self._last in self._order else 0
+        for run in self._order[start:] + self._order[:start]:
+            queue = self._waiting.get(run, collections.deque())
+            while queue and queue[0].done():  # cancelled before it was granted
+                queue.popleft()
+            if queue:
+                self._busy, self._last = True, run
+                queue.popleft().set_result(None)
+                return
+
+
+class TrainerGroup:
+    """One run's trainer: its own ranks, or a share of another run's (`ranks`, art_ray/trainer/runs.py).
+
+    After every train call rank 0's adapter is published to the serving replicas through the LoRA registry
+    as the run's next step."""
+
+    def __init__(
+        self,
+        config: TrainerConfig,
+        publish: bool = True,
+        placement_timeout_s: float = 60.0,
+        ranks: TrainerRanks | None = None,
+    ) -> None:
+        self.config = config
+        self.publish = publish
+        self.ranks = ranks or TrainerRanks(config, placement_timeout_s)
+        self.run = config.model
         self.step = 0
         self._checkpoint_written: ray.ObjectRef | None = None
+
+    @property
+    def workers(self) -> list[ray.actor.ActorHandle]:
+        return self.ranks.workers
 
     async def start(self) -> int:
         """Build the engines, resume from the latest checkpoint if there is one, publish the adapter."""
@@ -78,25 +216,15 @@ class TrainerGroup:
         return self.step
 
     async def prepare(self) -> int:
-        """Build the engines and resume from the latest checkpoint if there is one; publishes nothing, so
-        it may run while the inference app is still starting."""
-        try:
-            await asyncio.wait_for(self._placement_group.ready(), self._placement_timeout_s)
-        except TimeoutError:
-            self.shutdown()
-            raise PlacementError(
-                f"the trainer of {self.config.model!r} was not placed within "
-                f"{self._placement_timeout_s:.0f} s "
-                f"({self.config.settings.world_size} x {self.config.rank.demand()}); free those resources or "
-                "change ModelConfig.trainer_cpus_per_rank / trainer_gpus_per_rank / world_size"
-            ) from None
-        address, port = await self.workers[0].rendezvous.remote()
-        await asyncio.gather(*(worker.setup.remote(address, port) for worker in self.workers))
+        """Build the engines (or join the shared ranks) and resume from the run's latest checkpoint if there
+        is one; publishes nothing, so it may run while the inference app is still starting."""
+        await self.ranks.add_run(self.config)
         found = latest_checkpoint(self.config)
         if found is not None:
-            steps = await asyncio.gather(
-                *(worker.load_checkpoint.remote(found[1]) for worker in self.workers)
-            )
+            async with self.ranks.turn(self.run):
+                steps = await asyncio.gather(
+                    *(worker.load_checkpoint.remote(self.run, found[1]) for worker in self.workers)
+                )
             self.step = steps[0]
         return self.step
 
@@ -104,8 +232,10 @@ class TrainerGroup:
         """Publish the current step's adapter and return once every live replica serves it."""
         if self.publish:
             registry = get_registry()
-            captured = [worker.publish_adapter.remote(registry) for worker in self.workers]
-            await (await captured[0])[0]
+            async with self.ranks.turn(self.run):
+                captured = [worker.publish_adapter.remote(self.run, registry) for worker in self.workers]
+                published = await captured[0]
+            await published[0]
 
     async def train(self, groups: list[TrajectoryGroup], config: TrainConfig) -> AsyncIterator[TrainEvent]:
         """GRPO on the groups: yield each gradient step as it finishes; then publish the new step
@@ -129,41 +259,58 @@ class TrainerGroup:
             yield event
 
     async def _run(self, prepare: Callable[[], Any], config: TrainConfig) -> AsyncIterator[TrainEvent]:
+        async with self.ranks.turn(self.run):
+            gradient_steps = []
+            async for gradient_step in self._train(prepare, config):
+                gradient_steps.append(gradient_step)
+                yield gradient_step
+            published, timings = await self._publish_and_checkpoint()
+        enqueued = time.perf_counter()
+        if published is not None and config.wait_for_replicas:
+            await published[0]
+        timings["time/wait_for_replicas_seconds"] = time.perf_counter() - enqueued
+        yield TrainResult.of(
+            self.step, gradient_steps, timings, checkpoint_path=self.config.checkpoint_dir(self.step)
+        )
+
+    async def _train(self, prepare: Callable[[], Any], config: TrainConfig) -> AsyncIterator[GradientStep]:
         if self.config.colocated:
             await self._handover("release")
         try:
             shards = prepare()  # rank 0 tokenizes and packs once; each rank is handed its own shard
             shards = shards if isinstance(shards, list) else [shards]
             streams = [
-                worker.train.options(num_returns="streaming").remote(shard, config)
+                worker.train.options(num_returns="streaming").remote(self.run, shard, config)
                 for worker, shard in zip(self.workers, shards, strict=True)
             ]
             followers = asyncio.gather(*(self._drain(stream) for stream in streams[1:]))
-            gradient_steps = []
             async for ref in streams[0]:
-                gradient_steps.append(GradientStep(metrics=await ref))
-                yield gradient_steps[-1]
+                yield GradientStep(metrics=await ref)
             await followers
-            self.step = await self.workers[0].get_step.remote()
+            self.step = await self.workers[0].get_step.remote(self.run)
             if self.config.colocated and self.config.device == "gpu":
                 # the trainer's memory must be free before the engines wake
                 await asyncio.gather(*(worker.offload.remote() for worker in self.workers))
         finally:
             if self.config.colocated:
                 await self._handover("reclaim")
+
+    async def _publish_and_checkpoint(self) -> tuple[list[ray.ObjectRef] | None, dict[str, float]]:
+        """Publish the step and start its checkpoint; the publish call's refs (awaited by the caller, after
+        its turn: the replicas load the adapter while another run trains)."""
         # The adapter goes from rank 0 to the object store and the registry pushes it; the checkpoint is
         # taken after the adapter capture, on each rank, and its files are written while the replicas load
         # the adapter and the next step trains.
         start = time.perf_counter()
         registry = get_registry() if self.publish else None
-        captured = [worker.publish_adapter.remote(registry) for worker in self.workers]
+        captured = [worker.publish_adapter.remote(self.run, registry) for worker in self.workers]
         # one checkpoint in flight at most: the last one's files had this step's training to be written
         # (a write's error, if any, surfaces here)
         waited = time.perf_counter()
         await self.wait_for_checkpoint()
         waited = time.perf_counter() - waited
         folder = self.config.checkpoint_dir(self.step)
-        saved = [worker.save_checkpoint.remote(folder) for worker in self.workers]
+        saved = [worker.save_checkpoint.remote(self.run, folder) for worker in self.workers]
         written = [
             worker.checkpoint_written.remote(ref) for worker, ref in zip(self.workers, saved, strict=True)
         ]
@@ -172,15 +319,11 @@ class TrainerGroup:
             folder, self.step, *written
         )
         published = await captured[0]
-        enqueued = time.perf_counter()
-        if published is not None and config.wait_for_replicas:
-            await published[0]
         timings = {
             "time/checkpoint_wait_seconds": waited,
-            "time/publish_enqueue_seconds": enqueued - start - waited,
-            "time/wait_for_replicas_seconds": time.perf_counter() - enqueued,
+            "time/publish_enqueue_seconds": time.perf_counter() - start - waited,
         }
-        yield TrainResult.of(self.step, gradient_steps, timings, checkpoint_path=folder)
+        return published, timings
 
     async def wait_for_checkpoint(self) -> None:
         """Until the last train call's checkpoint is complete on storage."""
@@ -198,18 +341,31 @@ class TrainerGroup:
 
     async def adapter_tensors(self) -> dict:
         """The current adapter, fetched to the caller (tests, tools; training never does this)."""
-        if self.config.settings.zero_stage == 3:  # every rank takes part in the gather
-            return (await asyncio.gather(*(w.adapter_tensors.remote() for w in self.workers)))[0]
-        return await self.workers[0].adapter_tensors.remote()
+        async with self.ranks.turn(self.run):
+            if self.config.settings.zero_stage == 3:  # every rank takes part in the gather
+                return (await asyncio.gather(*(w.adapter_tensors.remote(self.run) for w in self.workers)))[0]
+            return await self.workers[0].adapter_tensors.remote(self.run)
+
+    async def leave(self) -> None:
+        """Take the run off its ranks (registering it failed); the ranks stop with the last run."""
+        await self.ranks.remove_run(self.run)
+        if not self.ranks.runs:
+            self.ranks.kill()
 
     def shutdown(self, checkpoint_timeout_s: float = 300.0) -> None:
+        """Wait for the run's last checkpoint; the ranks stop with the last run they hold."""
         if self._checkpoint_written is not None:  # a background write finishes before its writers go
             ray.get(self._checkpoint_written, timeout=checkpoint_timeout_s)
             self._checkpoint_written = None
-        self.kill()
+        if self.ranks.runs - {self.run}:  # the others go on: the ranks drop this run's state
+            # a dead rank: the others' next call restarts the ranks
+            with contextlib.suppress(ray.exceptions.RayActorError):
+                ray.get([worker.remove_run.remote(self.run) for worker in self.workers])
+        self.ranks.runs.discard(self.run)
+        if not self.ranks.runs:
+            self.ranks.kill()
 
     def kill(self) -> None:
-        """Stop every rank now (a group with a dead rank: the others may wait on it in a collective)."""
-        for worker in self.workers:
-            ray.kill(worker)
-        remove_placement_group(self._placement_group)
+        """Stop every rank now, whichever runs they hold (a group with a dead rank: the others may wait
+        on it in a collective)."""
+        self.ranks.kill()

@@ -23,6 +23,7 @@ from art_ray.cpu_threads import every_core_threads
 from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.trainer.config import TrainerConfig
 from art_ray.trainer.packing import PackedRow, segment_attention_mask
+from art_ray.trainer.runs import RunStates, RunStatus, group_key
 from art_ray.trainer.train_batch import RankBatch, rl_batches, sft_batches
 from art_ray.trajectories import Trajectory, TrajectoryGroup
 
@@ -37,7 +38,7 @@ ADAPTER_GROUP = "adapter"
 # The concurrency group that waits for a checkpoint's background writes and marks it complete, while the
 # next train call runs on the actor's main thread
 CHECKPOINT_GROUP = "checkpoint"
-# Captured adapters rank 0 holds until the registry fetched them (it does within milliseconds)
+# Captured adapters of each run rank 0 holds until the registry fetched them (it does within milliseconds)
 KEEP_CAPTURED = 2
 # Written last into a checkpoint folder: a folder without it is an interrupted checkpoint, never resumed from
 STATE_FILE = "trainer_state.json"
@@ -86,7 +87,10 @@ def _keep_only_trainable_in_state_dict(model: torch.nn.Module) -> None:
 
 class TrainerWorker:
     """Made remote by the trainer group (`ray.remote(TrainerWorker)`): the plain class stays importable,
-    so Ray pickles it by reference instead of by value with torch's module state."""
+    so Ray pickles it by reference instead of by value with torch's module state.
+
+    `config` founds the rank: its base model, LoRA shape and sizes are every run's (art_ray/trainer/runs.py);
+    each call that trains, publishes or checkpoints names its run, which goes live first."""
 
     def __init__(self, config: TrainerConfig, rank: int) -> None:
         import torch
@@ -104,8 +108,8 @@ class TrainerWorker:
         self.checkpoint_writer: BackgroundCheckpointEngine | None = None
         self.handover: TrainerHandover | None = None
         self.tokenizer: Any = None
-        self.step = 0
-        self._captured: dict[int, PackedAdapter] = {}
+        self.runs: RunStates | None = None
+        self._captured: dict[tuple[str, int], PackedAdapter] = {}
         self._captured_lock = threading.Lock()
 
     def rendezvous(self) -> tuple[str, int]:
@@ -164,8 +168,43 @@ class TrainerWorker:
         self.checkpoint_writer = BackgroundCheckpointEngine(self.engine._config)
         self.engine.checkpoint_engine = self.checkpoint_writer
         self.handover = TrainerHandover(self.engine.module, self.engine, self.config.device)
+        self.runs = RunStates(self.engine, self.config)
         if self.config.colocated:
             self.handover.offload()  # the engines sample first
+
+    def add_run(self, config: TrainerConfig) -> None:
+        """Hold another run on this rank (its step-0 adapter, a fresh optimizer state, step 0)."""
+        if group_key(config) != group_key(self.config):
+            raise ValueError(
+                f"run {config.model!r} cannot train on the trainer of {self.config.model!r}: their base "
+                "model, LoRA shape or trainer sizes differ"
+            )
+        self._runs.add(config)
+
+    def remove_run(self, run: str) -> None:
+        runs = self._runs
+        if runs.live == run:
+            others = [name for name in runs.names() if name != run]
+            if not others:
+                raise ValueError(f"run {run!r} is this trainer's last run")
+            runs.activate(others[0])
+        runs.remove(run)
+        with self._captured_lock:
+            for key in [key for key in self._captured if key[0] == run]:
+                del self._captured[key]
+
+    def run_status(self) -> list[RunStatus]:
+        return self._runs.describe()
+
+    @property
+    def _runs(self) -> RunStates:
+        assert self.runs is not None, "setup() first"
+        return self.runs
+
+    def _live(self, run: str) -> TrainerConfig:
+        """Make `run` the live run; its config."""
+        self._runs.activate(run)
+        return self._runs.config(run)
 
     def offload(self) -> None:
         """Colocated: give the device back to the engines until the next train call."""
@@ -196,13 +235,14 @@ class TrainerWorker:
     def _shards(shards: list[RankBatch]) -> RankBatch | tuple:
         return shards[0] if len(shards) == 1 else tuple(shards)
 
-    def train(self, batch: RankBatch, train_config: TrainConfig) -> Iterator[dict[str, float]]:
-        """One train call on this rank's shard: yields the metrics of each optimizer step (identical on
-        every rank)."""
+    def train(self, run: str, batch: RankBatch, train_config: TrainConfig) -> Iterator[dict[str, float]]:
+        """One train call of `run` on this rank's shard: yields the metrics of each optimizer step
+        (identical on every rank)."""
         assert self.handover is not None
+        self._live(run)
         self.handover.reload()
         if not batch.steps:
-            self.step += 1
+            self._runs.set_step(run, self._runs.step(run) + 1)
             yield {**batch.stats.metrics(), "train/nothing_trainable": 1.0}
             return
         steps = batch.steps
@@ -224,7 +264,7 @@ class TrainerWorker:
             metrics.update(batch.stats.metrics())
             metrics["train/gradient_step"] = float(index)
             yield metrics
-        self.step += 1
+        self._runs.set_step(run, self._runs.step(run) + 1)
 
     def _gradient_step(
         self, rows: list[PackedRow], train_config: TrainConfig, learning_rate: float
@@ -385,10 +425,11 @@ class TrainerWorker:
 
     # --- adapter and checkpoints ----------------------------------------------------------------
 
-    def adapter_tensors(self) -> dict[str, torch.Tensor]:
-        """The current adapter in PEFT state-dict form (gathered from all ranks under ZeRO-3)."""
+    def adapter_tensors(self, run: str) -> dict[str, torch.Tensor]:
+        """The run's current adapter in PEFT state-dict form (gathered from all ranks under ZeRO-3)."""
         from peft import get_peft_model_state_dict
 
+        self._live(run)
         module = self.engine.module
         if self.settings.zero_stage == 3:
             import deepspeed
@@ -400,39 +441,41 @@ class TrainerWorker:
         state = get_peft_model_state_dict(module)
         return {name: tensor.detach().float().cpu().clone() for name, tensor in state.items()}
 
-    def publish_adapter(self, registry: ray.actor.ActorHandle | None) -> list[ray.ObjectRef] | None:
+    def publish_adapter(self, run: str, registry: ray.actor.ActorHandle | None) -> list[ray.ObjectRef] | None:
         """Every rank (a ZeRO-3 gather needs them all); rank 0 then keeps the packed adapter and tells the
         registry, which fetches it with `captured_adapter`: the object is created once, by this rank, and
         owned by the registry (the caller of the task that returned it), so it outlives this rank. Returns
         at once with [the publish call's ref] (its result: how many replicas serve the step)."""
         from art_ray.adapters.lora_files import pack_adapter
 
-        adapter = self.adapter_tensors()
+        adapter = self.adapter_tensors(run)
         if self.rank != 0 or registry is None:
             return None
+        config, step = self._runs.config(run), self._runs.step(run)
         with self._captured_lock:
-            self._captured[self.step] = pack_adapter(adapter)
-            for old in sorted(self._captured)[:-KEEP_CAPTURED]:
+            self._captured[(run, step)] = pack_adapter(adapter)
+            for old in sorted(key for key in self._captured if key[0] == run)[:-KEEP_CAPTURED]:
                 del self._captured[old]
         published = registry.publish.remote(
-            self.config.model,
-            self.step,
-            self.config.base_model,
-            self.settings.lora.model_dump(),
+            run,
+            step,
+            config.base_model,
+            config.settings.lora.model_dump(),
             ray.get_runtime_context().current_actor,
-            self.settings.keep_versions,
+            config.settings.keep_versions,
         )
         return [published]
 
     @ray.method(concurrency_group=ADAPTER_GROUP)
-    def captured_adapter(self, step: int) -> PackedAdapter:
-        """The adapter rank 0 captured at `step` (its own thread: answered while the next step trains)."""
+    def captured_adapter(self, run: str, step: int) -> PackedAdapter:
+        """The adapter rank 0 captured of `run` at `step` (its own thread: answered while the next step
+        trains)."""
         with self._captured_lock:
-            if step not in self._captured:
-                raise LookupError(f"step {step} of {self.config.model} is no longer held by the trainer")
-            return self._captured[step]
+            if (run, step) not in self._captured:
+                raise LookupError(f"step {step} of {run} is no longer held by the trainer")
+            return self._captured[(run, step)]
 
-    def save_checkpoint(self, folder: str) -> None:
+    def save_checkpoint(self, run: str, folder: str) -> None:
         """Every rank saves its DeepSpeed state (adapter, optimizer), and rank 0 the PEFT adapter folder
         a replica can serve; remote roots get it uploaded. Returns once the state is copied: the files
         are written in the background (`checkpoint_written`), and the group marks the checkpoint complete
@@ -441,8 +484,9 @@ class TrainerWorker:
 
         from art_ray.adapters.lora_files import write_peft_adapter
 
-        client_state = {CLIENT_STATE_STEP: self.step, "torch_rng": torch.get_rng_state()}
-        adapter = self.adapter_tensors()  # under ZeRO-3 a gather every rank takes part in
+        config = self._live(run)
+        client_state = {CLIENT_STATE_STEP: self._runs.step(run), "torch_rng": torch.get_rng_state()}
+        adapter = self.adapter_tensors(run)  # under ZeRO-3 a gather every rank takes part in
         remote = "://" in folder
         target = tempfile.mkdtemp(prefix="art-ray-checkpoint-") if remote else folder
         self.engine.save_checkpoint(
@@ -451,7 +495,7 @@ class TrainerWorker:
         writer = self.checkpoint_writer
         assert writer is not None
         if self.rank == 0:
-            spec, base_model = self.settings.lora, self.config.base_model
+            spec, base_model = config.settings.lora, config.base_model
             writer.submit(lambda: write_peft_adapter(Path(target) / "adapter", adapter, spec, base_model))
         if remote:
 
@@ -476,17 +520,19 @@ class TrainerWorker:
         them (and maybe while the next step trains: the step is the checkpoint's, not the rank's now)."""
         storage.write_text(f"{folder}/{STATE_FILE}", json.dumps({"step": step, "saved_at": time.time()}))
 
-    def load_checkpoint(self, folder: str) -> int:
+    def load_checkpoint(self, run: str, folder: str) -> int:
         import torch
 
+        self._live(run)
         with tempfile.TemporaryDirectory() as staging:
             local = folder if "://" not in folder else str(storage.download_dir(folder, Path(staging)))
             _, client_state = self.engine.load_checkpoint(
                 local, tag="deepspeed", load_module_strict=False, load_optimizer_states=True
             )
-        self.step = int(client_state[CLIENT_STATE_STEP])
+        step = int(client_state[CLIENT_STATE_STEP])
+        self._runs.set_step(run, step)
         torch.set_rng_state(client_state["torch_rng"])
-        return self.step
+        return step
 
-    def get_step(self) -> int:
-        return self.step
+    def get_step(self, run: str) -> int:
+        return self._runs.step(run)
