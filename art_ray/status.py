@@ -7,7 +7,8 @@ import pydantic
 import ray
 
 from art_ray.adapters.registry import INFERENCE_DEPLOYMENT, get_registry
-from art_ray.trainer.group import TRAINER_NAME_PREFIX, TRAINER_NAMESPACE
+from art_ray.cluster_actors import NAMESPACE, get_cluster_actor
+from art_ray.trainer.group import TRAINER_NAME_PREFIX
 from art_ray.trainer.runs import RunStatus
 
 
@@ -82,10 +83,10 @@ def cluster_status(timeout_s: float = 30.0) -> ClusterStatus:
 def _trainers(timeout_s: float) -> list[TrainerStatus]:
     trainers = []
     for actor in ray.util.list_named_actors(all_namespaces=True):
-        if actor["namespace"] != TRAINER_NAMESPACE or not actor["name"].startswith(TRAINER_NAME_PREFIX):
+        if actor["namespace"] != NAMESPACE or not actor["name"].startswith(TRAINER_NAME_PREFIX):
             continue
         try:
-            handle = ray.get_actor(actor["name"], namespace=TRAINER_NAMESPACE)
+            handle = get_cluster_actor(actor["name"])
             runs = ray.get(handle.run_status.remote(), timeout=timeout_s)
         except (ValueError, ray.exceptions.RayError):  # gone meanwhile, or still setting up
             continue

@@ -32,11 +32,11 @@ from ray.serve.exceptions import RayServeException
 
 from art_ray.adapters.lora_files import PackedAdapter, pack_adapter
 from art_ray.adapters.spec import LoRASpec, validate_model_name
+from art_ray.cluster_actors import ensure_cluster_actor, get_cluster_actor
 
 logger = logging.getLogger(__name__)
 
 REGISTRY_NAME = "art_ray_lora_registry"
-REGISTRY_NAMESPACE = "art_ray"
 # The Serve deployment the registry pushes to (art_ray/serving/replica.py)
 INFERENCE_DEPLOYMENT = "InferenceReplica"
 # How long a restarted registry waits for its replicas to hand back the versions they serve
@@ -246,19 +246,12 @@ class LoRARegistry:
 def ensure_registry() -> ray.actor.ActorHandle:
     """Create the cluster's registry unless it runs (detached: it outlives the driver that started it).
     Called where the inference app is built, the one place that needs it first."""
-    return LoRARegistry.options(
-        name=REGISTRY_NAME,
-        namespace=REGISTRY_NAMESPACE,
-        lifetime="detached",
-        get_if_exists=True,
-        max_restarts=-1,
-        max_task_retries=-1,
-    ).remote()
+    return ensure_cluster_actor(LoRARegistry, REGISTRY_NAME, max_task_retries=-1)
 
 
 def get_registry() -> ray.actor.ActorHandle:
     """The running registry; ValueError if no inference app was ever built on this cluster."""
-    return ray.get_actor(REGISTRY_NAME, namespace=REGISTRY_NAMESPACE)
+    return get_cluster_actor(REGISTRY_NAME)
 
 
 async def publish_adapter(

@@ -22,9 +22,9 @@ import pydantic
 import ray
 
 from art_ray.capture.turns import CapturedTurn
+from art_ray.cluster_actors import ensure_cluster_actor, get_cluster_actor
 
 CAPTURE_STORE_NAME = "art_ray_capture_store"
-CAPTURE_STORE_NAMESPACE = "art_ray"
 
 
 class SessionInfo(pydantic.BaseModel):
@@ -144,14 +144,8 @@ class CaptureStore:
 
 def ensure_capture_store(max_bytes: int, default_ttl_s: float) -> ray.actor.ActorHandle:
     """The cluster's capture store, created unless it runs (detached, like the LoRA registry)."""
-    return CaptureStore.options(
-        name=CAPTURE_STORE_NAME,
-        namespace=CAPTURE_STORE_NAMESPACE,
-        lifetime="detached",
-        get_if_exists=True,
-        max_restarts=-1,
-    ).remote(max_bytes, default_ttl_s)
+    return ensure_cluster_actor(CaptureStore, CAPTURE_STORE_NAME, max_bytes, default_ttl_s)
 
 
 def get_capture_store() -> ray.actor.ActorHandle:
-    return ray.get_actor(CAPTURE_STORE_NAME, namespace=CAPTURE_STORE_NAMESPACE)
+    return get_cluster_actor(CAPTURE_STORE_NAME)

@@ -25,10 +25,11 @@ from typing import Any
 import pydantic
 import ray
 
+from art_ray.cluster_actors import ensure_cluster_actor
+
 logger = logging.getLogger(__name__)
 
 RESPONSE_STORE_NAME = "art_ray_response_store"
-RESPONSE_STORE_NAMESPACE = "art_ray"
 
 
 class StoredResponse(pydantic.BaseModel):
@@ -90,13 +91,7 @@ ResponseStore = ray.remote(num_cpus=0, max_concurrency=1)(StoredResponses)
 
 def ensure_response_store(max_bytes: int) -> ray.actor.ActorHandle:
     """The cluster's response store, created unless it runs (the first creator's `max_bytes` wins)."""
-    return ResponseStore.options(
-        name=RESPONSE_STORE_NAME,
-        namespace=RESPONSE_STORE_NAMESPACE,
-        lifetime="detached",
-        get_if_exists=True,
-        max_restarts=-1,
-    ).remote(max_bytes)
+    return ensure_cluster_actor(ResponseStore, RESPONSE_STORE_NAME, max_bytes)
 
 
 class ClusterResponseHistory:

@@ -24,6 +24,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from art_ray import storage
 from art_ray.adapters.registry import get_registry
+from art_ray.cluster_actors import NAMESPACE
 from art_ray.cpu_threads import trainer_openmp_env
 from art_ray.placement import PlacementError
 from art_ray.train_config import SFTConfig, TrainConfig
@@ -46,7 +47,6 @@ def latest_checkpoint(config: TrainerConfig) -> tuple[int, str] | None:
     return (steps[-1], config.checkpoint_dir(steps[-1])) if steps else None
 
 
-TRAINER_NAMESPACE = "art_ray"
 TRAINER_NAME_PREFIX = "art_ray_trainer:"
 
 
@@ -81,7 +81,7 @@ class TrainerRanks:
                 ),
                 runtime_env={"env_vars": env},
                 # rank 0 is named, so `art-ray status` finds every trainer on the cluster
-                **({"name": trainer_actor_name(config), "namespace": TRAINER_NAMESPACE} if rank == 0 else {}),
+                **({"name": trainer_actor_name(config), "namespace": NAMESPACE} if rank == 0 else {}),
             )
             .remote(config, rank)
             for rank in range(config.settings.world_size)
