@@ -440,6 +440,25 @@ class RayBackend:
             storage.delete_dir(self._trainer(model).config.checkpoint_dir(step))
         return deleted
 
+    async def delete_run(self, model: TrainableModel, purge_checkpoints: bool = False) -> None:
+        """Stop training and serving a registered model: its trainer state is freed once its last checkpoint
+        is written (a shared trainer goes on with its other runs), every replica unloads its versions (its
+        names then answer 404), its MLflow run ends. Its checkpoints stay, so registering the name again
+        resumes it, unless `purge_checkpoints`."""
+        from art_ray import storage
+        from art_ray.adapters.registry import get_registry
+
+        trainer = self._trainer(model)
+        await asyncio.to_thread(trainer.shutdown)
+        del self._trainers[model.name]
+        self._last_call.pop(model.name, None)
+        tracker = self._trackers.pop(model.name, None)
+        if tracker is not None:
+            tracker.finish()
+        await get_registry().retire.remote(model.name)
+        if purge_checkpoints:  # its trajectories' Parquet files stay: the record of what it trained on
+            storage.delete_dir(f"{trainer.config.model_dir()}/checkpoints")
+
     def stop_trainers(self) -> None:
         for trainer in self._trainers.values():
             trainer.shutdown()

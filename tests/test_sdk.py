@@ -302,7 +302,6 @@ async def test_captured_runs_of_every_protocol_train_a_step_that_changes_the_ser
     protocol's next reply comes from the new step. The model trains on the first model's trainer
     (`share_trainer`)."""
     import anthropic
-    from conftest import stop_trainer
 
     backend, first = registered
     # it trains on the first model's trainer: one copy of the base weights, no second trainer to start
@@ -345,8 +344,18 @@ async def test_captured_runs_of_every_protocol_train_a_step_that_changes_the_ser
         assert response.model == message.model == latest
         assert await first.get_step() == first_step  # the run it shares a trainer with did not move
     finally:
-        stop_trainer(backend, model.name)
-    assert backend._trainers[first.name].ranks.runs == {first.name}  # the other run goes on
+        await backend.delete_run(model, purge_checkpoints=True)
+    # deleted: its names are unknown, its checkpoints gone; the run it shared a trainer with goes on
+    assert backend._trainers[first.name].ranks.runs == {first.name}
+    names = served_names(first)
+    assert (
+        not any(name.startswith(f"{model.name}@") for name in names) and f"{first.name}@{first_step}" in names
+    )
+    with pytest.raises(openai.NotFoundError):
+        await model.openai_client().chat.completions.create(
+            model=f"{model.name}@1", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+    assert not Path(backend.storage, "sdk-tests", "models", model.name, "checkpoints").exists()
 
 
 def val_group(reward: float) -> TrajectoryGroup:

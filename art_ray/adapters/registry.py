@@ -202,6 +202,13 @@ class LoRARegistry:
         replicas = await self._broadcast(version, timeout_s)
         return {"replicas": replicas}
 
+    async def retire(self, model: str, timeout_s: float = 300.0) -> int:
+        """Forget every version of `model` and unload them from every replica (a deleted run); returns how
+        many replicas were serving it."""
+        await self._recovered()
+        self._versions.pop(model, None)
+        return sum(await self._broadcast_call("unload_model", (model,), timeout_s))
+
     async def handover(self, base_model: str, action: str, timeout_s: float = 300.0) -> int:
         """Colocated layout: every replica of `base_model` gives its devices to the trainer ("release")
         or takes them back ("reclaim"); returns how many replicas did."""

@@ -111,6 +111,15 @@ class AdapterStore:
                 await self._unload(version.model, old_step)
             return True
 
+    async def unload_model(self, model: str) -> bool:
+        """Stop serving every version of `model` (a deleted run); whether any was served."""
+        async with self._lock:
+            steps = sorted(self._loaded.get(model, {}))
+            for step in steps:
+                await self._unload(model, step)
+            self._loaded.pop(model, None)
+        return bool(steps)
+
     async def held_versions(self) -> list[tuple[AdapterVersion, PackedAdapter]]:
         """Every version loaded from the registry, with its tensors read back from this replica's disk."""
         async with self._lock:

@@ -99,6 +99,10 @@ class InferenceReplica:
         await self._adapters.load(version)
         return self._adapters.served_models()
 
+    async def unload_model(self, model: str) -> bool:
+        """Called on every replica by the registry when a run is deleted: its versions stop being served."""
+        return await self._adapters.unload_model(model)
+
     async def held_adapters(self) -> list[tuple[AdapterVersion, PackedAdapter]]:
         """The registry's versions this replica serves, tensors included: a restarted registry takes them
         back from its replicas (it owned the originals, which died with it)."""
