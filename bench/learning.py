@@ -371,7 +371,8 @@ def summarize(runs: list[dict], args: argparse.Namespace) -> dict:
         n = group[0]["points"][-1]["n"]
         result[f"{prefix}_base"] = round(base, 4)
         result[f"{prefix}_final"] = round(final, 4)
-        result[f"{prefix}_lift"] = round(final - base, 4)
+        # the difference of the figures as reported, so the line's numbers add up (6 items: thirds)
+        result[f"{prefix}_lift"] = round(result[f"{prefix}_final"] - result[f"{prefix}_base"], 4)
         result[f"{prefix}_final_ci"] = [round(x, 4) for x in wilson(final * n, n)]
         result[f"{prefix}_steps"] = statistics.median(r["steps"] for r in group)
     trl = [r for r in runs if r["system"] == "trl"]
