@@ -21,6 +21,9 @@ async def send_error(
     await send_json(send, status, {"error": error})
 
 
+# OpenAI's error `type` by the status art-ray's own middleware answers with
+OPENAI_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitError"}
+
 # Anthropic's error `type` by status (https://docs.anthropic.com/en/api/errors); clients raise by status
 ANTHROPIC_ERROR_TYPES = {
     400: "invalid_request_error",

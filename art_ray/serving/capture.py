@@ -30,6 +30,7 @@ from urllib.parse import parse_qs
 from art_ray.adapters.spec import InvalidModelNameError, parse_versioned_name
 from art_ray.capture.turns import CapturedTurn
 from art_ray.serving.asgi import (
+    OPENAI_ERROR_TYPES,
     Message,
     Receive,
     Scope,
@@ -52,7 +53,6 @@ from art_ray.serving.endpoint_guard import (
 )
 
 SESSION_HEADER = b"x-art-ray-session"
-ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitError"}
 
 
 class CaptureMiddleware:
@@ -163,7 +163,7 @@ class CaptureMiddleware:
         digest = self._key_digest(scope)
         refused = await self.store.admit.remote(session_id, digest, name)
         if refused is not None:
-            await send_error(send, refused.status, refused.message, ERROR_TYPES[refused.status])
+            await send_error(send, refused.status, refused.message, OPENAI_ERROR_TYPES[refused.status])
             return
         response = _Response(stream=bool(payload.get("stream")), chat=chat)
         request_messages = (payload.get("messages") or []) if chat else _prompt_messages(prompt)

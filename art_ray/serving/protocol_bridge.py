@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import pydantic
 
 from art_ray.serving.asgi import (
+    OPENAI_ERROR_TYPES,
     Message,
     Receive,
     Scope,
@@ -37,9 +38,6 @@ from art_ray.serving.asgi import (
     with_path,
 )
 from art_ray.serving.endpoint_guard import CHAT_PATH, request_path, routed_path
-
-# OpenAI's error `type` by the status a bridge refuses with
-ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError"}
 
 
 class BridgeRequestError(Exception):
@@ -102,7 +100,7 @@ class ProtocolBridge:
                 raise BridgeRequestError(400, "the request body must be a JSON object")
             chat = await bridge.chat_request(payload, caller)
         except BridgeRequestError as error:
-            body = bridge.error(error.status, str(error), ERROR_TYPES[error.status], error.param)
+            body = bridge.error(error.status, str(error), OPENAI_ERROR_TYPES[error.status], error.param)
             await send_json(send, error.status, body)
             return
         body = json.dumps(chat).encode()

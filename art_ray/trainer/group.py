@@ -122,10 +122,15 @@ class TrainerRanks:
             await asyncio.gather(*(worker.add_run.remote(config) for worker in self.workers))
             self.runs.add(config.model)
 
-    async def remove_run(self, run: str) -> None:
-        if run in self.runs and len(self.runs) > 1:
-            await asyncio.gather(*(worker.remove_run.remote(run) for worker in self.workers))
+    def release(self, run: str) -> None:
+        """Take `run` off the ranks; they stop with their last run."""
+        if run in self.runs and self.runs - {run}:  # the others go on: the ranks drop this run's state
+            # a dead rank: the others' next call restarts the ranks
+            with contextlib.suppress(ray.exceptions.RayActorError):
+                ray.get([worker.remove_run.remote(run) for worker in self.workers])
         self.runs.discard(run)
+        if not self.runs:
+            self.kill()
 
     def turn(self, run: str) -> contextlib.AbstractAsyncContextManager[None]:
         return self._turns.turn(run)
@@ -348,22 +353,14 @@ class TrainerGroup:
 
     async def leave(self) -> None:
         """Take the run off its ranks (registering it failed); the ranks stop with the last run."""
-        await self.ranks.remove_run(self.run)
-        if not self.ranks.runs:
-            self.ranks.kill()
+        await asyncio.to_thread(self.ranks.release, self.run)
 
     def shutdown(self, checkpoint_timeout_s: float = 300.0) -> None:
         """Wait for the run's last checkpoint; the ranks stop with the last run they hold."""
         if self._checkpoint_written is not None:  # a background write finishes before its writers go
             ray.get(self._checkpoint_written, timeout=checkpoint_timeout_s)
             self._checkpoint_written = None
-        if self.ranks.runs - {self.run}:  # the others go on: the ranks drop this run's state
-            # a dead rank: the others' next call restarts the ranks
-            with contextlib.suppress(ray.exceptions.RayActorError):
-                ray.get([worker.remove_run.remote(self.run) for worker in self.workers])
-        self.ranks.runs.discard(self.run)
-        if not self.ranks.runs:
-            self.ranks.kill()
+        self.ranks.release(self.run)
 
     def kill(self) -> None:
         """Stop every rank now, whichever runs they hold (a group with a dead rank: the others may wait
