@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from art_ray.access import AccessError, KeyGrant
 from art_ray.adapters.spec import LoRASpec
 from art_ray.backend_protocol import Backend
 from art_ray.capture.session import CaptureSession
@@ -21,6 +22,7 @@ from art_ray.errors import (
     CaptureError,
     MissingTokenDataError,
     ModelPreparationError,
+    QuotaExceededError,
 )
 from art_ray.gather import TooManyExceptionsError, gather_trajectory_groups
 from art_ray.model import Model, TrainableModel
@@ -76,6 +78,8 @@ __all__ = [
     "ARTBackend",
     "SFTConfig",
     "UnsupportedTrainArgumentError",
+    "AccessError",
+    "KeyGrant",
     "ArtRayError",
     "BackendError",
     "CaptureError",
@@ -98,6 +102,7 @@ __all__ = [
     "History",
     "MissingTokenDataError",
     "ModelPreparationError",
+    "QuotaExceededError",
     "PydanticException",
     "SampledTokens",
     "TrainConfig",

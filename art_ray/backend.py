@@ -7,6 +7,7 @@ With no address it starts an embedded local Ray (CPU defaults); with "auto", "ra
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import sys
@@ -16,6 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from art_ray import keys
+from art_ray.access import KEY_PREFIX, AccessTable, KeyGrant
+from art_ray.adapters.registry import get_registry
 from art_ray.errors import BackendError
 from art_ray.models import default_tool_call_parser, resolve_base_model
 from art_ray.placement import ModelPlan, PlacementError, cluster_shapes, plan_model, wait_placeable
@@ -31,6 +35,8 @@ from art_ray.trajectories import Trajectory, TrajectoryGroup
 if TYPE_CHECKING:
     from art_ray.model import TrainableModel
     from art_ray.trainer.group import TrainerGroup
+
+logger = logging.getLogger(__name__)
 
 
 def _driver_code_path() -> str:
@@ -102,6 +108,10 @@ class RayBackend:
         self._trackers: dict[str, Tracker] = {}
         self._restarting = asyncio.Lock()
         self._started_ray = False
+        # idle time-to-live (ModelConfig.idle_ttl_s): when each run was last called, its calls in flight
+        self._last_used: dict[str, float] = {}
+        self._in_call: collections.Counter[str] = collections.Counter()
+        self._reaper: asyncio.Task[None] | None = None
 
     def _connect(self) -> None:
         if ray.is_initialized():
@@ -276,6 +286,7 @@ class RayBackend:
         failed = [result for result in results.values() if isinstance(result, BaseException)]
         if trainer is not None and not failed:
             try:
+                await get_registry().set_owner.remote(model.name, model.config.owner)  # before it is served
                 await trainer.publish_current()  # served before register returns
             except BaseException as error:
                 failed.append(error)
@@ -285,6 +296,9 @@ class RayBackend:
             raise failed[0]
         if trainer is not None:
             self._trainers[model.name] = trainer
+        self._touch(model.name)
+        if model.config.idle_ttl_s is not None and (self._reaper is None or self._reaper.done()):
+            self._reaper = asyncio.get_running_loop().create_task(self._reap_idle_runs())
         print(
             f"art-ray: {model.name}: registered in {time.monotonic() - started:.0f} s, serving step "
             f"{self._trainers[model.name].step} at {self.base_url}",
@@ -294,7 +308,41 @@ class RayBackend:
     def _trainer(self, model: TrainableModel) -> TrainerGroup:
         if model.name not in self._trainers:
             raise BackendError(f"model {model.name!r} is not registered: await model.register(backend) first")
+        self._touch(model.name)
         return self._trainers[model.name]
+
+    def is_registered(self, name: str) -> bool:
+        """Whether a run of this name trains here (not deleted, nor expired by its idle_ttl_s)."""
+        return name in self._trainers
+
+    def _touch(self, name: str) -> None:
+        self._last_used[name] = time.monotonic()
+
+    async def _reap_idle_runs(self) -> None:
+        """Delete the runs idle past their ModelConfig.idle_ttl_s (none with a call in flight); ends when
+        no registered run has a time-to-live."""
+        while True:
+            ttls = {
+                name: ttl
+                for name, trainer in self._trainers.items()
+                if (ttl := trainer.config.settings.idle_ttl_s) is not None
+            }
+            if not ttls:
+                return
+            now = time.monotonic()
+            for name, ttl in ttls.items():
+                if self._in_call[name] or now - self._last_used.get(name, now) <= ttl:
+                    continue
+                print(
+                    f"art-ray: {name}: idle for {ttl:g} s: deleted (its checkpoints stay; registering it "
+                    "again resumes it)",
+                    flush=True,
+                )
+                try:
+                    await self._delete_run(name, purge_checkpoints=False)
+                except Exception as error:  # noqa: BLE001 - the other runs' time-to-live still holds
+                    logger.warning("deleting the idle run %s failed: %s", name, error)
+            await asyncio.sleep(min(max(min(ttls.values()) / 4, 0.25), 30.0))
 
     def tracker(self, model: TrainableModel) -> Tracker:
         """The model's MLflow run (experiment = project, run = model name)."""
@@ -309,7 +357,9 @@ class RayBackend:
         new step)."""
         trainer, tracker = self._trainer(model), self.tracker(model)
         step = trainer.step
-        async for event in self._retried(model, lambda trainer: trainer.train(groups, config)):
+        async for event in self._train_call(
+            model, lambda trainer, max_tokens: trainer.train(groups, config, max_tokens)
+        ):
             yield event
         # after the step, so that a retried or failed call logs nothing twice
         tracker.log_metrics(group_metrics(groups, "train"), step)
@@ -319,8 +369,48 @@ class RayBackend:
         self, model: TrainableModel, trajectories: list[Trajectory], config: SFTConfig
     ) -> AsyncIterator[TrainEvent]:
         """One supervised step (cross-entropy on the assistant turns), streamed as `train` is."""
-        async for event in self._retried(model, lambda trainer: trainer.train_sft(trajectories, config)):
+        async for event in self._train_call(
+            model, lambda trainer, max_tokens: trainer.train_sft(trajectories, config, max_tokens)
+        ):
             yield event
+
+    async def _train_call(
+        self,
+        model: TrainableModel,
+        call: Callable[[TrainerGroup, int | None], AsyncIterator[TrainEvent]],
+    ) -> AsyncIterator[TrainEvent]:
+        """`call(trainer, max_tokens)` under the owner key's token limit, retried as `_retried` does and
+        counted as in flight meanwhile (an idle time-to-live never expires a run mid-call)."""
+        self._in_call[model.name] += 1
+        try:
+            max_tokens = await self._max_train_tokens(model)
+            async for event in self._retried(model, lambda trainer: call(trainer, max_tokens)):
+                yield event
+        finally:
+            self._in_call[model.name] -= 1
+            self._touch(model.name)
+
+    async def _max_train_tokens(self, model: TrainableModel) -> int | None:
+        """The tokens one train call of `model` may pack: its owner key's limit (None: no limit)."""
+        if model.config.owner is None:
+            return None
+        grant = (await get_registry().access.remote()).grant_named(model.config.owner)
+        return grant.max_train_tokens if grant is not None else None
+
+    async def create_key(self, grant: KeyGrant, key: str | None = None, prefix: str = KEY_PREFIX) -> str:
+        """A run key (art_ray/keys.py): it sees the runs whose `ModelConfig.owner` is `grant.name`, and
+        nothing else, within the grant's limits; returns the key (drawn unless given)."""
+        self._connect()
+        return await keys.create_key(grant, key, prefix)
+
+    async def revoke_key(self, name: str) -> None:
+        self._connect()
+        await keys.revoke_key(name)
+
+    async def access(self) -> AccessTable:
+        """The cluster's run keys (names and limits; no key is kept) and run owners."""
+        self._connect()
+        return await keys.access_table()
 
     async def _retried(
         self, model: TrainableModel, call: Callable[[TrainerGroup], AsyncIterator[TrainEvent]]
@@ -441,21 +531,26 @@ class RayBackend:
         return deleted
 
     async def delete_run(self, model: TrainableModel, purge_checkpoints: bool = False) -> None:
-        """Stop training and serving a registered model: its trainer state is freed once its last checkpoint
-        is written (a shared trainer goes on with its other runs), every replica unloads its versions (its
-        names then answer 404), its MLflow run ends. Its checkpoints stay, so registering the name again
-        resumes it, unless `purge_checkpoints`."""
-        from art_ray import storage
-        from art_ray.adapters.registry import get_registry
+        """Stop training and serving a registered model, after its train call in flight if one is: its
+        trainer state is freed once its last checkpoint is written (a shared trainer goes on with its other
+        runs), every replica unloads its versions (its names then answer 404), its MLflow run ends. Its
+        checkpoints stay, so registering the name again resumes it, unless `purge_checkpoints`."""
+        self._trainer(model)  # raises if not registered
+        while self._in_call[model.name]:  # a train call in flight finishes first (its step is kept)
+            await asyncio.sleep(0.05)
+        await self._delete_run(model.name, purge_checkpoints)
 
-        trainer = self._trainer(model)
+    async def _delete_run(self, name: str, purge_checkpoints: bool) -> None:
+        from art_ray import storage
+
+        trainer = self._trainers.pop(name)
         await asyncio.to_thread(trainer.shutdown)
-        del self._trainers[model.name]
-        self._last_call.pop(model.name, None)
-        tracker = self._trackers.pop(model.name, None)
+        self._last_call.pop(name, None)
+        self._last_used.pop(name, None)
+        tracker = self._trackers.pop(name, None)
         if tracker is not None:
             tracker.finish()
-        await get_registry().retire.remote(model.name)
+        await get_registry().retire.remote(name)
         if purge_checkpoints:  # its trajectories' Parquet files stay: the record of what it trained on
             storage.delete_dir(f"{trainer.config.model_dir()}/checkpoints")
 

@@ -1,4 +1,5 @@
-"""The `art-ray` command: local models, the demo, serving a config file, cluster status, job submission."""
+"""The `art-ray` command: local models, the demo, serving a config file, cluster status, run keys, job
+submission."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from art_ray.access import KEY_PREFIX
 from art_ray.models import LOCAL_MODELS, models_dir, prepare
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +39,8 @@ def _demo(args: argparse.Namespace) -> int:
 def _connect(address: str | None) -> None:
     import ray
 
+    if ray.is_initialized():  # called from a driver that is connected already
+        return
     ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto", log_to_driver=False)
 
 
@@ -83,6 +87,39 @@ def _status(args: argparse.Namespace) -> int:
     _connect(args.address)
     status = cluster_status()
     print(status.model_dump_json(indent=2) if args.json else format_status(status))
+    return 0
+
+
+def _keys(args: argparse.Namespace) -> int:
+    """Run keys (art_ray/access.py) in the cluster's registry: made, listed, revoked."""
+    import asyncio
+
+    from art_ray import keys
+    from art_ray.access import AccessError, KeyGrant
+
+    _connect(args.address)
+    try:
+        if args.keys_command == "create":
+            grant = KeyGrant(
+                name=args.name,
+                max_concurrent_requests=args.max_concurrent_requests,
+                max_train_tokens=args.max_train_tokens,
+            )
+            print(asyncio.run(keys.create_key(grant, args.key, args.prefix)))
+        elif args.keys_command == "revoke":
+            asyncio.run(keys.revoke_key(args.name))
+            print(f"revoked {args.name}")
+        else:
+            access = asyncio.run(keys.access_table())
+            runs: dict[str, list[str]] = {}
+            for run, owner in access.owners.items():
+                runs.setdefault(owner, []).append(run)
+            for grant in sorted(access.keys.values(), key=lambda g: g.name):
+                limits = f"concurrent {grant.max_concurrent_requests}, train tokens {grant.max_train_tokens}"
+                print(f"{grant.name}: {limits}; runs: {', '.join(sorted(runs.get(grant.name, []))) or '-'}")
+    except AccessError as error:
+        print(f"art-ray keys: {error}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -189,6 +226,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_address(status)
     status.add_argument("--json", action="store_true", help="print JSON instead of text")
     status.set_defaults(handler=_status)
+
+    keys = commands.add_parser(
+        "keys",
+        help="run keys: each sees only the runs it owns (ModelConfig.owner), with its own limits",
+        description="Keys live in the cluster's LoRA registry (only their SHA-256 digests); the endpoint and "
+        "the training server know them at once. The backend's own key is the admin key and sees every run.",
+    )
+    _add_address(keys)
+    keys_commands = keys.add_subparsers(dest="keys_command", required=True)
+    create = keys_commands.add_parser("create", help="make a key and print it (shown once)")
+    create.add_argument("name", help="the key's name: runs with ModelConfig(owner=name) are its own")
+    create.add_argument("--max-concurrent-requests", type=int, default=None, help="per replica (429 past it)")
+    create.add_argument("--max-train-tokens", type=int, default=None, help="per train call (413 past it)")
+    create.add_argument("--key", default=None, help="use this key instead of drawing one")
+    create.add_argument("--prefix", default=KEY_PREFIX, help="the drawn key's prefix (Tinker clients: tml-)")
+    keys_commands.add_parser("list", help="key names, limits and the runs each owns")
+    revoke = keys_commands.add_parser("revoke", help="refuse a key from now on (its runs stay)")
+    revoke.add_argument("name")
+    keys.set_defaults(handler=_keys)
 
     submit = commands.add_parser(
         "submit",

@@ -23,3 +23,7 @@ class NothingToTrainError(ArtRayError, ValueError):
 
 class CaptureError(ArtRayError, ValueError):
     """A capture session's recorded turns cannot become a Trajectory (none recorded, or one malformed)."""
+
+
+class QuotaExceededError(ArtRayError, ValueError):
+    """A call is over its key's limit (art_ray/access.py: tokens per train call); nothing was trained."""

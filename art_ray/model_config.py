@@ -69,6 +69,13 @@ class ModelConfig(pydantic.BaseModel):
     # trainer settings agree (one copy of the base weights; train calls take turns, round-robin across the
     # runs; art_ray/trainer/runs.py says what may differ). CPU trainers at zero_stage 0; others get their own.
     share_trainer: bool = False
+    # The name of the run key that owns this run (RayBackend.create_key; art_ray/access.py): that key
+    # samples, captures and trains it, other run keys are answered 404 for it. None: the admin key only. A
+    # training server sets it to its caller's key name.
+    owner: str | None = None
+    # A run with no register, train, train_sft, log or get_step call for this long is deleted as by
+    # RayBackend.delete_run (its checkpoints stay: registering it again resumes it). None: never.
+    idle_ttl_s: float | None = pydantic.Field(default=None, gt=0)
     # serving
     num_replicas: int = pydantic.Field(default=1, ge=1)
     # None: num_replicas, fixed; set: Serve scales the replicas between its min and max (num_replicas unused)

@@ -17,6 +17,8 @@ class ModelStatus(pydantic.BaseModel):
     base_model: str
     latest_step: int
     steps: list[int]
+    # the name of the run key that owns it (None: the admin key only; art_ray/access.py)
+    owner: str | None = None
 
 
 class AppStatus(pydantic.BaseModel):
@@ -50,11 +52,16 @@ def cluster_status(timeout_s: float = 30.0) -> ClusterStatus:
         registry = None
     models = []
     if registry is not None:
+        owners = ray.get(registry.access.remote(), timeout=timeout_s).owners
         for version in ray.get(registry.latest_versions.remote(), timeout=timeout_s):
             steps = ray.get(registry.steps.remote(version.model), timeout=timeout_s)
             models.append(
                 ModelStatus(
-                    model=version.model, base_model=version.base_model, latest_step=version.step, steps=steps
+                    model=version.model,
+                    base_model=version.base_model,
+                    latest_step=version.step,
+                    steps=steps,
+                    owner=owners.get(version.model),
                 )
             )
     apps = []
@@ -99,8 +106,10 @@ def format_status(status: ClusterStatus) -> str:
     if not status.models:
         lines.append("  none published")
     for model in status.models:
+        owner = f", owner key {model.owner}" if model.owner else ""
         lines.append(
             f"  {model.model}: latest step {model.latest_step} (steps {model.steps}) on {model.base_model}"
+            f"{owner}"
         )
     lines.append("inference apps:")
     if not status.apps:

@@ -13,7 +13,15 @@ import pytest
 from art_ray.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMANDS = [["models", "prepare"], ["demo"], ["serve"], ["serve-training"], ["status"], ["submit"]]
+COMMANDS = [
+    ["models", "prepare"],
+    ["demo"],
+    ["serve"],
+    ["serve-training"],
+    ["status"],
+    ["keys", "create"],
+    ["submit"],
+]
 
 
 @pytest.mark.parametrize("command", [[], *COMMANDS], ids=lambda c: " ".join(c) or "art-ray")

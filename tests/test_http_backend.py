@@ -9,6 +9,7 @@ app ("http" at /http). Tests run in file order on one registered model.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -16,7 +17,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import httpx
+import openai
 import pytest
 from conftest import free_port
 from factories import TINY_CONFIG
@@ -26,6 +29,7 @@ from art_ray import (
     GradientStep,
     HTTPBackend,
     RemoteTrainingError,
+    SFTConfig,
     TrainableModel,
     TrainConfig,
     TrainResult,
@@ -34,6 +38,7 @@ from art_ray import (
     read_trajectory_groups,
     sampled_tokens,
 )
+from art_ray.cli import main as cli_main
 from art_ray.remote.protocol import ModelSpec
 from art_ray.remote.server import (
     APP_NAME,
@@ -257,3 +262,128 @@ async def test_trajectories_the_endpoint_captured_train_through_the_server(regis
     groups = [TrajectoryGroup([await captured(prompt, r) for r in rewards]) for prompt in PROMPTS]
     assert all(len(t.trainable_choices()) == 1 for g in groups for t in g)
     assert await model.train(groups, TrainConfig(learning_rate=1e-3), verbose=False) == step + 1
+
+
+async def test_a_run_key_sees_only_its_own_run_on_both_apis(server_url, registered, capsys) -> None:
+    """Issue 27's isolation: alice's key registers a run (which joins the trainer of the admin's run) and
+    samples, captures and trains it; bob's key is answered 404 for it on every route, as for a name
+    nobody registered, and for the admin's run too. The admin key sees both."""
+    from art_ray import keys
+    from art_ray.access import KeyGrant
+
+    admin, admin_model = registered
+    alice_key = await keys.create_key(KeyGrant(name="http-alice", max_train_tokens=8))
+    bob_key = await keys.create_key(KeyGrant(name="http-bob", max_concurrent_requests=8))
+    own = TrainableModel(
+        name="http-alice-run",
+        project="http-tests",
+        base_model="tiny",
+        config=CONFIG.model_copy(update={"share_trainer": True}),
+    )
+    await own.register(HTTPBackend(server_url, api_key=alice_key))
+    assert own.api_key == alice_key and await admin.get_step(own) == 0
+
+    alice_client = own.openai_client()
+    reply = await alice_client.chat.completions.create(
+        model=own.name, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    assert reply.model == f"{own.name}@0"
+    listed = {card.id for card in (await alice_client.models.list()).data}
+    assert listed == {own.name, f"{own.name}@0"}
+
+    inference = own.base_url
+    bob_client = openai.AsyncOpenAI(base_url=inference, api_key=bob_key, max_retries=0)
+    bob_claude = anthropic.AsyncAnthropic(
+        base_url=inference.removesuffix("/v1"), api_key=bob_key, max_retries=0
+    )
+    for name in (own.name, f"{own.name}@0", admin_model.name, "no-such-run"):
+        with pytest.raises(openai.NotFoundError) as hidden:
+            await bob_client.chat.completions.create(
+                model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            )
+        assert hidden.value.body["message"] == f"The model `{name}` does not exist.", name
+        with pytest.raises(openai.NotFoundError):
+            await bob_client.responses.create(model=name, input="hi", max_output_tokens=16)
+        with pytest.raises(openai.NotFoundError):
+            await bob_client.completions.create(model=name, prompt="hi", max_tokens=2)
+        with pytest.raises(anthropic.NotFoundError):
+            await bob_claude.messages.create(
+                model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            )
+    assert not {card.id for card in (await bob_client.models.list()).data} & {own.name, admin_model.name}
+
+    async with own.capture() as session:  # alice's session: bob can neither open nor read one like it
+        await session.openai_client(max_retries=0).chat.completions.create(
+            model=own.name, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+        async with httpx.AsyncClient(base_url=inference, timeout=60) as client:
+            bob = {"Authorization": f"Bearer {bob_key}"}
+            opened = await client.post("/capture/sessions", json={"model": own.name}, headers=bob)
+            assert opened.status_code == 404 and opened.json()["error"]["param"] == "model"
+            read = await client.get(f"/capture/sessions/{session.id}", headers=bob)
+            assert read.status_code == 404
+            # her session's base URL with bob's key: not his session, and not his model
+            chat = {"model": own.name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+            sampled = await client.post(f"{session.base_url}/chat/completions", json=chat, headers=bob)
+            assert sampled.status_code == 404
+        trajectory = await session.trajectory(reward=1.0)
+
+    bob_backend = HTTPBackend(server_url, api_key=bob_key)
+    routes = {
+        "step": bob_backend.get_step(own),
+        "log": bob_backend.log(own, [], "val", {"x": 1.0}),
+        "delete_checkpoints": bob_backend.delete_checkpoints(own, steps_to_keep=[]),
+        "train": model_train(bob_backend, own, trajectory),
+        "delete_run": bob_backend.delete_run(own),
+        "train_sft": sft(bob_backend, own, trajectory),
+    }
+    for route, call in routes.items():
+        with pytest.raises(RemoteTrainingError) as hidden:
+            await call
+        assert hidden.value.status == 404 and hidden.value.type == "not_found_error", route
+    with pytest.raises(RemoteTrainingError) as taken:  # a name can't be taken over
+        await TrainableModel(name=own.name, project="p", base_model="tiny", config=CONFIG).register(
+            bob_backend
+        )
+    assert taken.value.status == 409
+
+    # alice's quota: a call packing more tokens than her key allows is refused whole
+    group = TrajectoryGroup([trajectory.model_copy(update={"reward": float(i % 2)}) for i in range(4)])
+    with pytest.raises(RemoteTrainingError) as over:
+        await own.train([group], verbose=False)
+    assert over.value.status == 413 and "max_train_tokens" in str(over.value)
+    assert await admin.get_step(own) == 0 and await admin.get_step(admin_model) >= 1
+
+    # what an operator sees: names, limits, runs; never a key
+    assert await asyncio.to_thread(cli_main, ["keys", "list"]) == 0
+    listing = capsys.readouterr().out
+    assert "http-alice: concurrent None, train tokens 8; runs: http-alice-run" in listing
+    assert alice_key not in listing
+
+    await keys.revoke_key("http-bob")
+    with pytest.raises(RemoteTrainingError) as revoked:
+        await bob_backend.get_step(own)
+    assert revoked.value.status == 401
+    with pytest.raises(openai.AuthenticationError):
+        await bob_client.models.list()
+
+    # alice deletes her run: its names are unknown to everyone, the admin's run goes on
+    await own.backend.delete_run(own, purge_checkpoints=True)
+    with pytest.raises(openai.NotFoundError):
+        await alice_client.chat.completions.create(
+            model=own.name, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+    with pytest.raises(RemoteTrainingError) as deleted:
+        await admin.get_step(own)
+    assert deleted.value.status == 404 and await admin.get_step(admin_model) >= 1
+
+
+async def sft(backend: HTTPBackend, model: TrainableModel, trajectory: Trajectory) -> None:
+    async for _ in backend.train_sft(model, [trajectory], SFTConfig()):
+        pass
+
+
+async def model_train(backend: HTTPBackend, model: TrainableModel, trajectory: Trajectory) -> None:
+    group = TrajectoryGroup([trajectory, trajectory.model_copy(update={"reward": 0.0})])
+    async for _ in backend.train(model, [group], TrainConfig()):
+        pass

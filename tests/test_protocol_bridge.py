@@ -12,6 +12,8 @@ import openai.types.responses
 import pydantic
 import pytest
 
+from art_ray.access import AccessTable, KeyGrant, key_digest
+from art_ray.serving.endpoint_guard import EndpointGuard
 from art_ray.serving.messages_bridge import MessagesBridge
 from art_ray.serving.protocol_bridge import BridgeRequestError, ProtocolBridge
 from art_ray.serving.response_store import StoredResponses
@@ -420,7 +422,11 @@ def test_a_stream_goes_out_as_the_protocols_events() -> None:
 
 def test_previous_response_id_continues_the_stored_conversation_for_the_same_key_only() -> None:
     route = ChatRoute(200, chat_completion(None, [("call_1", "lookup", '{"word": "x"}')], "tool_calls"))
-    app = ProtocolBridge(route, {"/v1/responses": responses_bridge()}, keyed=True)
+    # alice's and bob's run keys: what the endpoint's gate puts in the scope binds the stored responses
+    access = AccessTable()
+    for name in ("alice", "bob"):
+        access = access.with_key(key_digest(name), KeyGrant(name=name))
+    app = EndpointGuard(ProtocolBridge(route, {"/v1/responses": responses_bridge()}), None, lambda: access)
     first_request = {"model": "agent", "instructions": "Be brief.", "input": "Look up x.", "tools": [TOOL]}
     status, body = call(app, "/v1/responses", first_request, key="alice")
     first = json.loads(body)

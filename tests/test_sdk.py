@@ -7,7 +7,9 @@ would on a shared cluster. The tests run in file order: the last one restarts th
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from pathlib import Path
 
 import openai
@@ -356,6 +358,28 @@ async def test_captured_runs_of_every_protocol_train_a_step_that_changes_the_ser
             model=f"{model.name}@1", messages=[{"role": "user", "content": "hi"}], max_tokens=2
         )
     assert not Path(backend.storage, "sdk-tests", "models", model.name, "checkpoints").exists()
+
+
+async def test_an_idle_run_is_deleted_after_its_time_to_live(registered):
+    """ModelConfig.idle_ttl_s: calls keep a run alive; once none came for that long, it is deleted (its
+    names answer 404) and the run it shared a trainer with goes on."""
+    backend, first = registered
+    config = CONFIG.model_copy(update={"share_trainer": True, "idle_ttl_s": 2.0})
+    model = TrainableModel(name="sdk-idle", project="sdk-tests", base_model="tiny", config=config)
+    await model.register(backend)
+    for _ in range(4):  # 4 s of calls a second apart: past its time-to-live, but never idle that long
+        await asyncio.sleep(1.0)
+        assert await model.get_step() == 0
+    deadline = time.monotonic() + 30
+    while backend.is_registered(model.name) and time.monotonic() < deadline:
+        await asyncio.sleep(0.25)
+    assert not backend.is_registered(model.name)
+    with pytest.raises(openai.NotFoundError):
+        await model.openai_client().chat.completions.create(
+            model=model.name, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+    assert backend._trainers[first.name].ranks.runs == {first.name}
+    assert f"{first.name}@{await first.get_step()}" in served_names(first)
 
 
 def val_group(reward: float) -> TrajectoryGroup:

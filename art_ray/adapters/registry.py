@@ -17,6 +17,9 @@ die with it; it takes the versions back from the replicas that serve them (each 
 its disk) before it answers anything, so a replica that starts later still catches up on every kept
 version. A publish never passes for served when a replica of its base model does not serve it: it raises
 PublishError.
+
+The registry also keeps the run keys and run owners (art_ray/access.py) and pushes each change to every
+replica before the call returns; a restarted registry takes the newest table back from the replicas.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import pydantic
 import ray
 from ray.serve.exceptions import RayServeException
 
+from art_ray.access import AccessTable, KeyGrant
 from art_ray.adapters.lora_files import PackedAdapter, pack_adapter
 from art_ray.adapters.spec import LoRASpec, validate_model_name
 from art_ray.cluster_actors import ensure_cluster_actor, get_cluster_actor
@@ -69,6 +73,7 @@ class Subscription(pydantic.BaseModel):
 class LoRARegistry:
     def __init__(self) -> None:
         self._versions: dict[str, dict[int, AdapterVersion]] = {}
+        self._access = AccessTable()
         self._subscriptions: dict[tuple[str, str], Subscription] = {}
         # Building a handle starts a router and its long poll (~100 ms): keep one per deployment.
         self._handles: dict[tuple[str, str], Any] = {}
@@ -90,6 +95,12 @@ class LoRARegistry:
             except Exception as error:  # noqa: BLE001 - a registry that answers beats one that waits forever
                 logger.warning("registry restarted: taking versions back from the replicas failed: %s", error)
                 held = []
+            try:
+                tables = await self._broadcast_call("access_table", (), RECOVERY_TIMEOUT_S)
+            except Exception as error:  # noqa: BLE001
+                logger.warning("registry restarted: taking the keys back from the replicas failed: %s", error)
+                tables = []
+            self._access = max([self._access, *tables], key=lambda table: table.version)
             for version, packed in (item for replica in held for item in replica):
                 versions = self._versions.setdefault(version.model, {})
                 if version.step not in versions:
@@ -207,7 +218,36 @@ class LoRARegistry:
         many replicas were serving it."""
         await self._recovered()
         self._versions.pop(model, None)
-        return sum(await self._broadcast_call("unload_model", (model,), timeout_s))
+        serving = sum(await self._broadcast_call("unload_model", (model,), timeout_s))
+        await self._set_access(self._access.with_owner(model, None), timeout_s)
+        return serving
+
+    async def access(self) -> AccessTable:
+        """Run keys and run owners (art_ray/access.py)."""
+        await self._recovered()
+        return self._access
+
+    async def add_key(self, digest: str, grant: KeyGrant, timeout_s: float = 300.0) -> None:
+        """A run key, by its digest; every replica knows it when this returns. AccessError: name taken."""
+        await self._recovered()
+        await self._set_access(self._access.with_key(digest, grant), timeout_s)
+
+    async def revoke_key(self, name: str, timeout_s: float = 300.0) -> None:
+        """Every replica refuses the key named `name` when this returns; the runs it owned stay owned by the
+        name (a new key with that name takes them over)."""
+        await self._recovered()
+        await self._set_access(self._access.without_key(name), timeout_s)
+
+    async def set_owner(self, model: str, owner: str | None, timeout_s: float = 300.0) -> None:
+        """`model` is seen by the run key named `owner` (None: by the admin key only) on every replica when
+        this returns."""
+        await self._recovered()
+        if self._access.owners.get(model) != owner:
+            await self._set_access(self._access.with_owner(model, owner), timeout_s)
+
+    async def _set_access(self, table: AccessTable, timeout_s: float) -> None:
+        self._access = table
+        await self._broadcast_call("update_access", (table,), timeout_s)
 
     async def handover(self, base_model: str, action: str, timeout_s: float = 300.0) -> int:
         """Colocated layout: every replica of `base_model` gives its devices to the trainer ("release")

@@ -15,6 +15,8 @@ from art_ray.remote.protocol import (
     DEFAULT_ROUTE_PREFIX,
     DeleteCheckpointsRequest,
     DeleteCheckpointsResponse,
+    DeleteRunRequest,
+    DeleteRunResponse,
     ErrorBody,
     LogRequest,
     LogResponse,
@@ -164,6 +166,12 @@ class HTTPBackend:
             model=model.name, best_checkpoint_metric=best_checkpoint_metric, steps_to_keep=steps_to_keep
         )
         return (await self._post("delete_checkpoints", body, DeleteCheckpointsResponse)).deleted
+
+    async def delete_run(self, model: TrainableModel, purge_checkpoints: bool = False) -> None:
+        """RayBackend.delete_run on the server (after a train call of the run in flight finishes)."""
+        body = DeleteRunRequest(model=model.name, purge_checkpoints=purge_checkpoints)
+        await self._post("delete_run", body, DeleteRunResponse)
+        self._model_dirs.pop(model.name, None)
 
     def model_dir(self, model: TrainableModel) -> str:
         """The model's folder on the server's storage."""

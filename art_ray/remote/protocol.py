@@ -9,6 +9,7 @@ Routes (under the training app's prefix, `/_art` by default), all POST with a JS
 - `/log` LogRequest -> LogResponse
 - `/step` ModelRef -> StepResponse
 - `/delete_checkpoints` DeleteCheckpointsRequest -> DeleteCheckpointsResponse
+- `/delete_run` DeleteRunRequest -> DeleteRunResponse
 """
 
 from __future__ import annotations
@@ -111,6 +112,14 @@ class DeleteCheckpointsRequest(ModelRef):
 
 class DeleteCheckpointsResponse(_Message):
     deleted: list[int]
+
+
+class DeleteRunRequest(ModelRef):
+    purge_checkpoints: bool = False
+
+
+class DeleteRunResponse(_Message):
+    model: str
 
 
 class ErrorBody(_Message):

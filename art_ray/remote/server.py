@@ -5,6 +5,7 @@ behind the same proxy as the OpenAI endpoint."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import hmac
 import ipaddress
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -14,13 +15,17 @@ import pydantic
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
+from starlette.background import BackgroundTask
 
+from art_ray.access import AccessTable, KeyGrant
 from art_ray.backend import BackendError, RayBackend
-from art_ray.errors import ArtRayError
+from art_ray.errors import ArtRayError, QuotaExceededError
 from art_ray.remote.protocol import (
     DEFAULT_ROUTE_PREFIX,
     DeleteCheckpointsRequest,
     DeleteCheckpointsResponse,
+    DeleteRunRequest,
+    DeleteRunResponse,
     ErrorBody,
     LogRequest,
     LogResponse,
@@ -67,6 +72,17 @@ def error_response(error: ApiError) -> JSONResponse:
 
 
 # Defined before the deployment class: Serve serializes the class with the module globals defined by then.
+async def _access() -> AccessTable:
+    """The cluster's run keys and owners; none before an inference app made the registry."""
+    from art_ray.adapters.registry import get_registry
+
+    try:
+        registry = get_registry()
+    except ValueError:
+        return AccessTable()
+    return await registry.access.remote()
+
+
 def _refuse_browser_requests(request: Request) -> None:
     """A web page can make a browser send a request to a server on the user's own machine; without a key
     nothing else would stop it from starting training. Pages send an Origin header, and without a CORS
@@ -106,13 +122,28 @@ class TrainingServer:
         self.models: dict[str, TrainableModel] = {}
         self.train_locks: dict[str, asyncio.Lock] = {}
         self.register_lock = asyncio.Lock()
+        self.in_flight: collections.Counter[str] = collections.Counter()
 
     async def _call(
-        self, request: Request, body_type: type[Body], handler: Callable[[Body], Awaitable[Response]]
+        self,
+        request: Request,
+        body_type: type[Body],
+        handler: Callable[[Body, KeyGrant | None], Awaitable[Response]],
     ) -> Response:
+        """Checks, then `handler(body, grant)` (grant: the caller's run key, None for the admin key). A run
+        key's requests count against its `max_concurrent_requests` until their response is sent."""
+        grant: KeyGrant | None = None
+        counted = False
         try:
             _refuse_browser_requests(request)
-            self._authorize(request)
+            grant = await self._authorize(request)
+            limit = grant.max_concurrent_requests if grant else None
+            if grant is not None and limit is not None:
+                if self.in_flight[grant.name] >= limit:
+                    message = f"too many requests in flight for the key {grant.name!r}: at most {limit}"
+                    raise ApiError(429, message, "rate_limit_error")
+                self.in_flight[grant.name] += 1
+                counted = True
             try:
                 body = body_type.model_validate_json(await request.body())
             except pydantic.ValidationError as invalid:
@@ -123,33 +154,68 @@ class TrainingServer:
                 raise ApiError(
                     400, f"invalid {body_type.__name__}: {details}", "invalid_request_error"
                 ) from None
-            return await handler(body)
+            response = await handler(body, grant)
         except ApiError as error:
-            return error_response(error)
+            response = error_response(error)
+        except QuotaExceededError as error:
+            response = error_response(ApiError(413, str(error), "request_too_large"))
         except (BackendError, ArtRayError, ValueError) as error:
-            return error_response(ApiError(400, str(error), "invalid_request_error"))
+            response = error_response(ApiError(400, str(error), "invalid_request_error"))
+        except BaseException:
+            if counted:
+                self.in_flight[grant.name] -= 1  # type: ignore[union-attr]
+            raise
+        if counted:
+            assert grant is not None
+            name = grant.name
 
-    def _authorize(self, request: Request) -> None:
-        if self.config.api_key is None:
-            return
-        given = request.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(given, f"Bearer {self.config.api_key}".encode()):
-            raise ApiError(
-                401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "authentication_error"
-            )
+            def release() -> None:
+                self.in_flight[name] -= 1
 
-    def _model(self, name: str) -> TrainableModel:
-        if name not in self.models:
+            # a stream is still being sent: the request ends when its last line is
+            if response.background is None:
+                response.background = BackgroundTask(release)
+            else:
+                release()
+        return response
+
+    async def _authorize(self, request: Request) -> KeyGrant | None:
+        """The caller's run key, or None for the admin key (anyone, on a server without a key)."""
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        key = key if scheme.lower() == "bearer" else ""
+        grant = (await _access()).grant_for(key)
+        if grant is not None:
+            return grant
+        if self.config.api_key is None or hmac.compare_digest(key.encode(), self.config.api_key.encode()):
+            return None
+        raise ApiError(
+            401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "authentication_error"
+        )
+
+    def _model(self, name: str, grant: KeyGrant | None) -> TrainableModel:
+        if name in self.models and not self.backend.is_registered(name):  # expired (idle_ttl_s)
+            del self.models[name]
+        model = self.models.get(name)
+        if model is None or (grant is not None and model.config.owner != grant.name):
             raise ApiError(
                 404, f"model {name!r} is not registered on this server: register it first", "not_found_error"
             )
-        return self.models[name]
+        return model
 
     @app.post("/register")
     async def register(self, request: Request) -> Response:
-        async def handle(spec: ModelSpec) -> Response:
+        async def handle(spec: ModelSpec, grant: KeyGrant | None) -> Response:
+            if grant is not None:  # a run key's runs are its own
+                if spec.config.owner not in (None, grant.name):
+                    message = "a run key registers runs it owns: leave ModelConfig.owner unset"
+                    raise ApiError(403, message, "permission_error")
+                owned = spec.config.model_copy(update={"owner": grant.name})
+                spec = spec.model_copy(update={"config": owned})
             async with self.register_lock:
                 model = self.models.get(spec.name)
+                if model is not None and grant is not None and model.config.owner != grant.name:
+                    message = f"the model name {spec.name!r} is not available: choose another"
+                    raise ApiError(409, message, "conflict_error")
                 if model is not None and ModelSpec.of(model) != spec:
                     raise ApiError(
                         409,
@@ -176,8 +242,8 @@ class TrainingServer:
 
     @app.post("/train")
     async def train(self, request: Request) -> Response:
-        async def handle(body: TrainRequest) -> Response:
-            model = self._model(body.model)
+        async def handle(body: TrainRequest, grant: KeyGrant | None) -> Response:
+            model = self._model(body.model, grant)
             for group in body.groups:  # a 400 now rather than an error line after the stream started
                 for trajectory in group.trajectories:
                     trajectory.check_trainable()
@@ -188,8 +254,8 @@ class TrainingServer:
 
     @app.post("/train_sft")
     async def train_sft(self, request: Request) -> Response:
-        async def handle(body: TrainSFTRequest) -> Response:
-            model = self._model(body.model)
+        async def handle(body: TrainSFTRequest, grant: KeyGrant | None) -> Response:
+            model = self._model(body.model, grant)
             for trajectory in body.trajectories:
                 trajectory.check_trainable()
             body.config.steps(len(body.trajectories))  # a learning-rate list that does not fit: a 400
@@ -210,6 +276,9 @@ class TrainingServer:
                         else TrainStreamLine(gradient_step=event)
                     )
                     yield line.model_dump_json(exclude_none=True) + "\n"
+            except QuotaExceededError as error:  # found as the batch was packed: nothing trained
+                body_error = ErrorBody(message=str(error), type="request_too_large", code=413)
+                yield TrainStreamLine(error=body_error).model_dump_json(exclude_none=True) + "\n"
             except Exception as error:  # headers are sent: the error travels as the stream's last line
                 body_error = ErrorBody(
                     message=f"{type(error).__name__}: {error}", type="training_error", code=500
@@ -218,25 +287,25 @@ class TrainingServer:
 
     @app.post("/log")
     async def log(self, request: Request) -> Response:
-        async def handle(body: LogRequest) -> Response:
-            metrics = await self.backend.log(self._model(body.model), body.groups, body.split, body.metrics)
+        async def handle(body: LogRequest, grant: KeyGrant | None) -> Response:
+            model = self._model(body.model, grant)
+            metrics = await self.backend.log(model, body.groups, body.split, body.metrics)
             return JSONResponse(LogResponse(metrics=metrics).model_dump(mode="json"))
 
         return await self._call(request, LogRequest, handle)
 
     @app.post("/step")
     async def step(self, request: Request) -> Response:
-        async def handle(body: ModelRef) -> Response:
-            return JSONResponse(
-                StepResponse(step=await self.backend.get_step(self._model(body.model))).model_dump()
-            )
+        async def handle(body: ModelRef, grant: KeyGrant | None) -> Response:
+            model = self._model(body.model, grant)
+            return JSONResponse(StepResponse(step=await self.backend.get_step(model)).model_dump())
 
         return await self._call(request, ModelRef, handle)
 
     @app.post("/delete_checkpoints")
     async def delete_checkpoints(self, request: Request) -> Response:
-        async def handle(body: DeleteCheckpointsRequest) -> Response:
-            model = self._model(body.model)
+        async def handle(body: DeleteCheckpointsRequest, grant: KeyGrant | None) -> Response:
+            model = self._model(body.model, grant)
             async with self.train_locks[model.name]:
                 deleted = await self.backend.delete_checkpoints(
                     model, body.best_checkpoint_metric, body.steps_to_keep
@@ -244,6 +313,18 @@ class TrainingServer:
             return JSONResponse(DeleteCheckpointsResponse(deleted=deleted).model_dump())
 
         return await self._call(request, DeleteCheckpointsRequest, handle)
+
+    @app.post("/delete_run")
+    async def delete_run(self, request: Request) -> Response:
+        async def handle(body: DeleteRunRequest, grant: KeyGrant | None) -> Response:
+            model = self._model(body.model, grant)
+            async with self.train_locks[model.name]:  # after the train call in flight, if one is
+                if self.models.get(model.name) is model:
+                    await self.backend.delete_run(model, body.purge_checkpoints)
+                    del self.models[model.name]
+            return JSONResponse(DeleteRunResponse(model=model.name).model_dump())
+
+        return await self._call(request, DeleteRunRequest, handle)
 
     @app.get("/health")
     async def health(self) -> Response:

@@ -3,10 +3,12 @@ endpoint's middleware."""
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from art_ray.access import AccessTable, KeyGrant
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -52,17 +54,34 @@ def presented_key(scope: Scope) -> str | None:
     """The API key a request carries: `Authorization: Bearer <key>` (OpenAI clients) or `x-api-key: <key>`
     (Anthropic clients); None when it carries neither."""
     headers = dict(scope["headers"])
-    scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+    scheme, _, token = headers.get(b"authorization", b"").decode("utf-8", "surrogateescape").partition(" ")
     if scheme.lower() == "bearer":
         return token
     key = headers.get(b"x-api-key")
-    return key.decode("latin-1") if key is not None else None
+    return key.decode("utf-8", "surrogateescape") if key is not None else None
 
 
-def key_digest(scope: Scope) -> str:
-    """SHA-256 of the API key the request carries (a bearer token or `x-api-key`): what stored state
-    (capture sessions, stored responses) is bound to."""
-    return hashlib.sha256((presented_key(scope) or "").encode("latin-1")).hexdigest()
+@dataclasses.dataclass(frozen=True)
+class Caller:
+    """Who made a request, as the endpoint's gate (art_ray/serving/endpoint_guard.py) found: `grant`, the
+    run key's (None: the admin key, or anyone on a keyless endpoint); `binding`, what stored state
+    (capture sessions, stored responses) is bound to: the key's SHA-256 digest, "" on a keyless
+    endpoint for a caller with no run key (clients there send made-up keys, which differ from client to
+    client); `access`, the keys and owners the gate judged by."""
+
+    grant: KeyGrant | None = None
+    binding: str = ""
+    access: AccessTable = dataclasses.field(default_factory=AccessTable)
+
+    def sees(self, model: str) -> bool:
+        return self.access.sees(self.grant, model)
+
+
+CALLER = "art_ray.caller"  # the scope's key for the Caller
+
+
+def caller_of(scope: Scope) -> Caller:
+    return scope.get(CALLER) or Caller()
 
 
 async def send_json(send: Send, status: int, payload: dict[str, Any]) -> None:

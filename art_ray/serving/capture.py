@@ -35,7 +35,7 @@ from art_ray.serving.asgi import (
     Receive,
     Scope,
     Send,
-    key_digest,
+    caller_of,
     read_body,
     replay,
     send_error,
@@ -56,18 +56,17 @@ SESSION_HEADER = b"x-art-ray-session"
 
 
 class CaptureMiddleware:
-    """`store()`: the capture store's actor handle (looked up on first use). `keyed`: whether the
-    endpoint has a key; sessions are bound to it. A keyless endpoint binds none (clients send made-up
-    keys, which differ from client to client), and its sessions are reached by their random id alone."""
+    """`store()`: the capture store's actor handle (looked up on first use). Sessions are bound to the
+    caller's binding (asgi.Caller): on a keyless endpoint, for callers without a run key, none (their
+    sessions are reached by their random id alone)."""
 
-    def __init__(self, app: Callable, store: Callable[[], Any], keyed: bool) -> None:
+    def __init__(self, app: Callable, store: Callable[[], Any]) -> None:
         self.app = app
         self._store_lookup = store
         self._store: Any = None
-        self._keyed = keyed
 
     def _key_digest(self, scope: Scope) -> str:
-        return key_digest(scope) if self._keyed else ""
+        return caller_of(scope).binding
 
     @property
     def store(self) -> Any:
@@ -118,6 +117,9 @@ class CaptureMiddleware:
                 'open a session with {"model": "<model name, without @step>", "ttl_s": optional seconds}'
             )
             await send_error(send, 400, message, "BadRequestError")
+            return
+        if not caller_of(scope).sees(model):  # another run's model: as if it did not exist
+            await send_error(send, 404, f"The model `{model}` does not exist.", "NotFoundError", "model")
             return
         info = await self.store.open.remote(model, self._key_digest(scope), ttl_s)
         await send_json(send, 200, info.model_dump())

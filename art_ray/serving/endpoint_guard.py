@@ -2,6 +2,11 @@
 when one is set, and every rejection is error JSON in the shape its client expects (Anthropic's on
 `/v1/messages`, OpenAI's elsewhere).
 
+Keys: the app's own key is the admin key; run keys (art_ray/access.py) are known from the table the
+registry pushes to the replica. The gate puts the Caller it found in the scope (`asgi.CALLER`): the model
+names, capture sessions and stored responses inside answer each caller for its own runs only. A run key's
+`max_concurrent_requests` is counted here, per replica: past it, a 429.
+
 vLLM's app mounts far more than art-ray serves (its own `/v1/responses` and `/v1/messages` answer as the
 base model, `/invocations` bypasses vLLM's key check, `/tokenize`, `/metrics`, `/docs`,
 `/scale_elastic_ep`), and its own key check guards `/v1` only and answers `{"error": "Unauthorized"}`. So
@@ -11,11 +16,22 @@ the gate sits outside vLLM's middleware and decides before any of vLLM's code ru
 
 from __future__ import annotations
 
-import hashlib
+import collections
 import hmac
 import re
+from collections.abc import Callable
 
-from art_ray.serving.asgi import Receive, Scope, Send, presented_key, send_anthropic_error, send_error
+from art_ray.access import AccessTable, key_digest
+from art_ray.serving.asgi import (
+    CALLER,
+    Caller,
+    Receive,
+    Scope,
+    Send,
+    presented_key,
+    send_anthropic_error,
+    send_error,
+)
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -73,9 +89,18 @@ def route_methods(path: str) -> tuple[str, ...] | None:
 
 
 class EndpointGuard:
-    def __init__(self, app, api_key: str | None) -> None:  # noqa: ANN001
+    """`access()`: the current run keys and owners (the replica's copy of the registry's table)."""
+
+    def __init__(
+        self,
+        app,  # noqa: ANN001
+        api_key: str | None,
+        access: Callable[[], AccessTable] = AccessTable,
+    ) -> None:
         self.app = app
-        self._key_digest = hashlib.sha256(api_key.encode()).digest() if api_key else None
+        self._admin_digest = key_digest(api_key) if api_key else None
+        self._access = access
+        self._in_flight: collections.Counter[str] = collections.Counter()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -95,7 +120,8 @@ class EndpointGuard:
             allowed = " or ".join(m for m in methods if m != "HEAD")
             await send_error_json(send, 405, f"{path} takes {allowed}, not {method}", "MethodNotAllowedError")
             return
-        if not self._authorized(scope):
+        caller = self._caller(scope)
+        if caller is None:
             await send_error_json(
                 send,
                 401,
@@ -103,12 +129,31 @@ class EndpointGuard:
                 "AuthenticationError",
             )
             return
-        await self.app(scope, receive, send)
+        scope = {**scope, CALLER: caller}
+        limit = caller.grant.max_concurrent_requests if caller.grant else None
+        if limit is None:
+            await self.app(scope, receive, send)
+            return
+        name = caller.grant.name  # type: ignore[union-attr]
+        if self._in_flight[name] >= limit:
+            message = f"Too many requests in flight for the key {name!r}: at most {limit} at once"
+            await send_error_json(send, 429, message, "RateLimitError")
+            return
+        self._in_flight[name] += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self._in_flight[name] -= 1
 
-    def _authorized(self, scope: Scope) -> bool:
-        if self._key_digest is None:
-            return True
+    def _caller(self, scope: Scope) -> Caller | None:
+        """The request's Caller, or None when its key is neither a run key nor the admin key."""
         key = presented_key(scope)
-        if key is None:
-            return False
-        return hmac.compare_digest(hashlib.sha256(key.encode("latin-1")).digest(), self._key_digest)
+        access = self._access()
+        grant = access.grant_for(key)
+        if grant is not None:
+            return Caller(grant, key_digest(key or ""), access)
+        if self._admin_digest is None:
+            return Caller(None, "", access)
+        if key is None or not hmac.compare_digest(key_digest(key), self._admin_digest):
+            return None
+        return Caller(None, self._admin_digest, access)

@@ -9,6 +9,8 @@
   them) and, in chat, the response's `prompt_token_ids`, so a Choice appended to a Trajectory alone holds
   what the trainer needs.
 - `/v1/models` lists the loaded versions plus one alias per model for its latest version.
+- A run key sees its own runs only (art_ray/access.py): another run's name is answered as an unknown one,
+  and `/v1/models` lists only what the caller sees.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from typing import Protocol
 
 from art_ray.adapters.spec import InvalidModelNameError, parse_versioned_name, versioned_name
 from art_ray.serving.asgi import (
+    Caller,
     Message,
     Receive,
     Scope,
     Send,
+    caller_of,
     read_body,
     replay,
     send_error,
@@ -67,7 +71,10 @@ class ModelRoutingMiddleware:
         if method == "POST" and path in (CHAT_PATH, COMPLETIONS_PATH):
             await self._generation(scope, receive, send, chat=path == CHAT_PATH)
         elif method == "GET" and path == MODELS_PATH:
-            await self.app(scope, receive, _rewrite_json(send, self._rewrite_model_list))
+            caller = caller_of(scope)
+            await self.app(
+                scope, receive, _rewrite_json(send, lambda listing: self._rewrite_model_list(listing, caller))
+            )
         else:
             await self.app(scope, receive, send)
 
@@ -81,7 +88,7 @@ class ModelRoutingMiddleware:
             await self.app(scope, replay(body, receive), send)
             return
         try:
-            await self._rewrite_request(payload, chat)
+            await self._rewrite_request(payload, chat, caller_of(scope))
         except RequestRejected as rejected:
             await send_error(send, rejected.status, str(rejected), rejected.error_type, rejected.param)
             return
@@ -92,7 +99,7 @@ class ModelRoutingMiddleware:
             send = _rewrite_json(send, lambda response: _annotate_choices(response, step))
         await self.app(scope, replay(new_body, receive), send)
 
-    async def _rewrite_request(self, payload: dict, chat: bool) -> None:
+    async def _rewrite_request(self, payload: dict, chat: bool, caller: Caller) -> None:
         n = payload.get("n", 1)
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= self.max_n):
             message = f"`n` must be an integer from 1 to {self.max_n}"
@@ -107,6 +114,8 @@ class ModelRoutingMiddleware:
             name, step = parse_versioned_name(model)
         except InvalidModelNameError as error:
             raise RequestRejected(400, str(error), "BadRequestError", "model") from None
+        if not caller.sees(name):
+            raise RequestRejected(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
         if step is None:
             latest = self.versions.latest_step(name)
             if latest is None:
@@ -123,15 +132,27 @@ class ModelRoutingMiddleware:
         elif payload.get("logprobs") is None:
             payload["logprobs"] = 0
 
-    def _rewrite_model_list(self, listing: dict) -> dict:
-        cards = [card for card in listing.get("data", []) if card.get("id") != BASE_MODEL_NAME]
+    def _rewrite_model_list(self, listing: dict, caller: Caller) -> dict:
+        cards = [
+            card
+            for card in listing.get("data", [])
+            if card.get("id") != BASE_MODEL_NAME and caller.sees(_card_model(card))
+        ]
         for name, steps in sorted(self.versions.served_models().items()):
-            if steps:
+            if steps and caller.sees(name):
                 latest = next((c for c in cards if c.get("id") == versioned_name(name, max(steps))), None)
                 if latest is not None:
                     cards.append({**latest, "id": name})
         listing["data"] = cards
         return listing
+
+
+def _card_model(card: dict) -> str:
+    """The run a `/v1/models` card (`name@step`) belongs to."""
+    try:
+        return parse_versioned_name(str(card.get("id")))[0]
+    except InvalidModelNameError:
+        return str(card.get("id"))
 
 
 def _annotate_choices(response: dict, step: int | None) -> dict:

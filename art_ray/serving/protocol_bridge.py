@@ -30,7 +30,7 @@ from art_ray.serving.asgi import (
     Receive,
     Scope,
     Send,
-    key_digest,
+    caller_of,
     read_body,
     replay,
     send_json,
@@ -72,13 +72,12 @@ class ChatBridge(Protocol):
 
 
 class ProtocolBridge:
-    """ASGI middleware: `bridges` maps a route (`/v1/responses`, `/v1/messages`) to its ChatBridge.
-    `keyed`: whether the endpoint has a key; a keyless one binds nothing to the made-up keys clients send."""
+    """ASGI middleware: `bridges` maps a route (`/v1/responses`, `/v1/messages`) to its ChatBridge. What a
+    bridge stores is bound to the caller's binding (asgi.Caller)."""
 
-    def __init__(self, app: Callable, bridges: dict[str, ChatBridge], keyed: bool = False) -> None:
+    def __init__(self, app: Callable, bridges: dict[str, ChatBridge]) -> None:
         self.app = app
         self._bridges = bridges
-        self._keyed = keyed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") != "POST":
@@ -94,7 +93,7 @@ class ProtocolBridge:
             payload = json.loads(await read_body(receive))
         except ValueError:
             payload = None
-        caller = key_digest(scope) if self._keyed else ""
+        caller = caller_of(scope).binding
         try:
             if not isinstance(payload, dict):
                 raise BridgeRequestError(400, "the request body must be a JSON object")

@@ -13,6 +13,7 @@ from ray import serve
 from starlette.middleware import Middleware
 
 from art_ray import storage
+from art_ray.access import AccessTable
 from art_ray.adapters.lora_files import PackedAdapter
 from art_ray.adapters.registry import INFERENCE_DEPLOYMENT, AdapterVersion, ensure_registry, get_registry
 from art_ray.adapters.spec import validate_model_name
@@ -37,6 +38,7 @@ logger = logging.getLogger(__name__)
 class InferenceReplica:
     async def __init__(self, config: ServingConfig) -> None:
         self._config = config
+        self._access = AccessTable()  # the registry's, taken below and kept current by its pushes
         self._engine, self._app = await build_engine_and_app(config)
         self._handover = EngineHandover(self._engine, config.engine.device)
         context = serve.get_replica_context()
@@ -56,16 +58,15 @@ class InferenceReplica:
         # own middleware: model names and per-request limits.
         self._app.user_middleware[:0] = [
             Middleware(DisconnectOnCancel),
-            Middleware(EndpointGuard, api_key=config.api_key),
+            Middleware(EndpointGuard, api_key=config.api_key, access=self.current_access),
             Middleware(
                 ProtocolBridge,
                 bridges={
                     RESPONSES_PATH: ResponsesBridge(ClusterResponseHistory(config.response_store_max_bytes)),
                     MESSAGES_PATH: MessagesBridge(self._app.state.anthropic_serving_messages),
                 },
-                keyed=config.api_key is not None,
             ),
-            Middleware(CaptureMiddleware, store=get_capture_store, keyed=config.api_key is not None),
+            Middleware(CaptureMiddleware, store=get_capture_store),
         ]
         self._app.user_middleware.append(
             Middleware(
@@ -77,6 +78,7 @@ class InferenceReplica:
         )
         self._app.middleware_stack = None  # vLLM's setup already built the stack; rebuild it with ours
         await self._registry.subscribe.remote(context.app_name, context.deployment)
+        await self.update_access(await self._registry.access.remote())
         # Before taking traffic: serve the configured checkpoints and the versions the registry keeps.
         for checkpoint in config.checkpoints:
             await self._load_checkpoint(checkpoint, root / "checkpoints" / f"{replica_id}-{os.getpid()}")
@@ -102,6 +104,18 @@ class InferenceReplica:
     async def unload_model(self, model: str) -> bool:
         """Called on every replica by the registry when a run is deleted: its versions stop being served."""
         return await self._adapters.unload_model(model)
+
+    def current_access(self) -> AccessTable:
+        return self._access
+
+    async def update_access(self, table: AccessTable) -> None:
+        """The registry's push of its run keys and owners (art_ray/access.py); an older one is ignored."""
+        if table.version >= self._access.version:
+            self._access = table
+
+    async def access_table(self) -> AccessTable:
+        """What this replica knows of keys and owners: a restarted registry takes it back."""
+        return self._access
 
     async def held_adapters(self) -> list[tuple[AdapterVersion, PackedAdapter]]:
         """The registry's versions this replica serves, tensors included: a restarted registry takes them

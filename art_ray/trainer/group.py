@@ -26,6 +26,7 @@ from art_ray import storage
 from art_ray.adapters.registry import get_registry
 from art_ray.cluster_actors import NAMESPACE
 from art_ray.cpu_threads import trainer_openmp_env
+from art_ray.errors import QuotaExceededError
 from art_ray.placement import PlacementError
 from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.train_result import GradientStep, TrainEvent, TrainResult
@@ -242,17 +243,22 @@ class TrainerGroup:
                 published = await captured[0]
             await published[0]
 
-    async def train(self, groups: list[TrajectoryGroup], config: TrainConfig) -> AsyncIterator[TrainEvent]:
+    async def train(
+        self, groups: list[TrajectoryGroup], config: TrainConfig, max_tokens: int | None = None
+    ) -> AsyncIterator[TrainEvent]:
         """GRPO on the groups: yield each gradient step as it finishes; then publish the new step
-        (checkpointing it in the background) and yield the TrainResult."""
+        (checkpointing it in the background) and yield the TrainResult. QuotaExceededError, with nothing
+        trained, when the call packs more than `max_tokens` tokens."""
         for group in groups:
             for trajectory in group.trajectories:
                 trajectory.check_trainable()
         prepare = self.workers[0].prepare_rl.options(num_returns=len(self.workers))
-        async for event in self._run(lambda: prepare.remote(groups, config), config):
+        async for event in self._run(lambda: prepare.remote(groups, config, max_tokens), config):
             yield event
 
-    async def train_sft(self, trajectories: list[Trajectory], config: SFTConfig) -> AsyncIterator[TrainEvent]:
+    async def train_sft(
+        self, trajectories: list[Trajectory], config: SFTConfig, max_tokens: int | None = None
+    ) -> AsyncIterator[TrainEvent]:
         """Supervised steps on the trajectories' assistant turns, then publish as `train` does."""
         for trajectory in trajectories:
             trajectory.check_trainable()
@@ -260,7 +266,7 @@ class TrainerGroup:
         prepare = self.workers[0].prepare_sft.options(num_returns=len(self.workers))
         # With every old logprob missing (ratio 1) and advantage 1, CISPO's loss is the cross-entropy.
         loss_config = TrainConfig(policy_loss="cispo", max_grad_norm=config.max_grad_norm)
-        async for event in self._run(lambda: prepare.remote(trajectories, config), loss_config):
+        async for event in self._run(lambda: prepare.remote(trajectories, config, max_tokens), loss_config):
             yield event
 
     async def _run(self, prepare: Callable[[], Any], config: TrainConfig) -> AsyncIterator[TrainEvent]:
@@ -289,9 +295,15 @@ class TrainerGroup:
                 for worker, shard in zip(self.workers, shards, strict=True)
             ]
             followers = asyncio.gather(*(self._drain(stream) for stream in streams[1:]))
-            async for ref in streams[0]:
-                yield GradientStep(metrics=await ref)
-            await followers
+            try:
+                async for ref in streams[0]:
+                    yield GradientStep(metrics=await ref)
+                await followers
+            except ray.exceptions.RayTaskError as error:
+                followers.cancel()
+                if isinstance(error.cause, QuotaExceededError):  # refused before any rank trained
+                    raise QuotaExceededError(str(error.cause)) from None
+                raise
             self.step = await self.workers[0].get_step.remote(self.run)
             if self.config.colocated and self.config.device == "gpu":
                 # the trainer's memory must be free before the engines wake

@@ -20,6 +20,7 @@ from art_ray import storage
 from art_ray.adapters.lora_files import PackedAdapter
 from art_ray.colocation import TrainerHandover
 from art_ray.cpu_threads import every_core_threads
+from art_ray.errors import QuotaExceededError
 from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.trainer.config import TrainerConfig
 from art_ray.trainer.packing import PackedRow, segment_attention_mask
@@ -213,14 +214,19 @@ class TrainerWorker:
 
     # --- training -------------------------------------------------------------------------------
 
-    def prepare_rl(self, groups: list[TrajectoryGroup], train_config: TrainConfig) -> RankBatch | tuple:
-        """Rank 0 only: the call's batch for every rank (a Ray call with num_returns=world_size)."""
+    def prepare_rl(
+        self, groups: list[TrajectoryGroup], train_config: TrainConfig, max_tokens: int | None = None
+    ) -> RankBatch | tuple:
+        """Rank 0 only: the call's batch for every rank (a Ray call with num_returns=world_size).
+        QuotaExceededError when it packs more than `max_tokens` tokens."""
         row_length = train_config.packed_sequence_length or self.settings.sequence_length
         return self._shards(
-            rl_batches(groups, self.tokenizer, train_config, row_length, self.settings.world_size)
+            rl_batches(groups, self.tokenizer, train_config, row_length, self.settings.world_size), max_tokens
         )
 
-    def prepare_sft(self, trajectories: list[Trajectory], sft_config: SFTConfig) -> RankBatch | tuple:
+    def prepare_sft(
+        self, trajectories: list[Trajectory], sft_config: SFTConfig, max_tokens: int | None = None
+    ) -> RankBatch | tuple:
         return self._shards(
             sft_batches(
                 trajectories,
@@ -228,11 +234,24 @@ class TrainerWorker:
                 sft_config,
                 self.settings.sequence_length,
                 self.settings.world_size,
-            )
+            ),
+            max_tokens,
         )
 
     @staticmethod
-    def _shards(shards: list[RankBatch]) -> RankBatch | tuple:
+    def _shards(shards: list[RankBatch], max_tokens: int | None) -> RankBatch | tuple:
+        if max_tokens is not None:
+            tokens = sum(
+                sum(1 for segment in row.segment_ids if segment)
+                for shard in shards
+                for rows in shard.steps
+                for row in rows
+            )
+            if tokens > max_tokens:
+                raise QuotaExceededError(
+                    f"this train call packs {tokens} tokens, over the {max_tokens} tokens a call its run's "
+                    "key allows (max_train_tokens): train on fewer trajectories per call"
+                )
         return shards[0] if len(shards) == 1 else tuple(shards)
 
     def train(self, run: str, batch: RankBatch, train_config: TrainConfig) -> Iterator[dict[str, float]]:

@@ -1,0 +1,138 @@
+"""Run keys on a shared endpoint (issue 27): a run key sees its own runs and nothing else, the admin key
+sees all, and a key's concurrent requests are capped. The gate and the middlewares in front of vLLM,
+around a stand-in for vLLM's app; the whole path through real replicas is in test_sdk."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from art_ray.access import AccessError, AccessTable, KeyGrant, key_digest
+from art_ray.serving.asgi import caller_of
+from art_ray.serving.capture import CaptureMiddleware
+from art_ray.serving.endpoint_guard import EndpointGuard
+from art_ray.serving.middleware import ModelRoutingMiddleware
+
+ADMIN, ALICE, BOB = "admin-key", "art-alice", "art-bob"
+
+
+def table() -> AccessTable:
+    access = AccessTable().with_key(key_digest(ALICE), KeyGrant(name="alice", max_concurrent_requests=1))
+    access = access.with_key(key_digest(BOB), KeyGrant(name="bob"))
+    return access.with_owner("run-a", "alice").with_owner("run-b", "bob")
+
+
+def test_the_table_grants_keys_by_digest_and_runs_by_owner() -> None:
+    access = table()
+    alice, bob = access.grant_for(ALICE), access.grant_for(BOB)
+    assert alice is not None and alice.name == "alice" and bob is not None
+    assert access.grant_for("art-nobody") is None and access.grant_for(None) is None
+    assert ALICE not in access.model_dump_json()  # only digests are kept
+    assert access.sees(alice, "run-a") and not access.sees(alice, "run-b") and not access.sees(bob, "run-a")
+    assert not access.sees(alice, "admin-run") and access.sees(None, "run-b")
+    with pytest.raises(AccessError, match="named 'alice'"):
+        access.with_key(key_digest("art-other"), KeyGrant(name="alice"))
+    with pytest.raises(AccessError):
+        access.without_key("carol")
+    revoked = access.without_key("alice")
+    assert revoked.grant_for(ALICE) is None and revoked.owners["run-a"] == "alice"
+    assert revoked.version > access.version
+    assert "run-a" not in revoked.with_owner("run-a", None).owners
+
+
+class Versions:
+    """The replica's adapter store, for the middleware: two runs, each at step 1."""
+
+    def latest_step(self, model: str) -> int | None:
+        return 1 if model in ("run-a", "run-b", "admin-run") else None
+
+    def served_models(self) -> dict[str, list[int]]:
+        return {"run-a": [1], "run-b": [1], "admin-run": [1]}
+
+    async def ensure(self, model: str, step: int) -> bool:
+        return True
+
+
+async def vllm_stand_in(scope, receive, send) -> None:  # noqa: ANN001
+    """Answers a generation with the model it was asked for, the model list with every version, and
+    waits on `release` while a request names the model `slow`."""
+    if scope["path"] == "/v1/models":
+        body = {"object": "list", "data": [{"id": f"{m}@1"} for m in ("run-a", "run-b", "admin-run")]}
+    else:
+        request = json.loads((await receive())["body"])
+        if request["model"].startswith("run-a") and scope.get("slow"):
+            await scope["slow"].wait()
+        body = {"model": request["model"], "choices": []}
+    payload = json.dumps(body).encode()
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]}
+    )
+    await send({"type": "http.response.body", "body": payload})
+
+
+class NoStore:
+    def __call__(self) -> None:
+        raise AssertionError("the capture store was asked for a session of a model the caller cannot see")
+
+
+def endpoint(access: AccessTable, slow: asyncio.Event | None = None):  # noqa: ANN201
+    routed = ModelRoutingMiddleware(vllm_stand_in, Versions(), max_n=4, default_max_tokens=16)
+
+    async def inner(scope, receive, send) -> None:  # noqa: ANN001
+        assert caller_of(scope) is not None
+        await routed({**scope, "slow": slow} if slow else scope, receive, send)
+
+    return EndpointGuard(CaptureMiddleware(inner, store=NoStore()), api_key=ADMIN, access=lambda: access)
+
+
+async def request(app, method: str, path: str, key: str, body: dict | None = None) -> tuple[int, dict]:  # noqa: ANN001
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        response = await client.request(method, path, json=body, headers={"Authorization": f"Bearer {key}"})
+    return response.status_code, response.json()
+
+
+def chat(model: str) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def test_a_run_key_samples_its_own_runs_and_not_anothers() -> None:
+    app = endpoint(table())
+    for model in ("run-a", "run-a@1"):
+        status, body = await request(app, "POST", "/v1/chat/completions", ALICE, chat(model))
+        assert status == 200 and body["model"] == "run-a@1"
+    unknown = await request(app, "POST", "/v1/chat/completions", ALICE, chat("no-such-run"))
+    for model in ("run-b", "run-b@1", "admin-run"):
+        status, body = await request(app, "POST", "/v1/chat/completions", ALICE, chat(model))
+        # as if it did not exist: the same answer as a name nobody registered
+        assert status == 404 == unknown[0], model
+        assert body["error"]["type"] == unknown[1]["error"]["type"] == "NotFoundError"
+        assert body["error"]["message"] == f"The model `{model}` does not exist."
+    status, body = await request(app, "GET", "/v1/models", ALICE)
+    assert status == 200 and sorted(card["id"] for card in body["data"]) == ["run-a", "run-a@1"]
+    status, body = await request(app, "GET", "/v1/models", ADMIN)
+    assert {card["id"] for card in body["data"]} >= {"run-a", "run-b", "admin-run"}
+    assert (await request(app, "POST", "/v1/chat/completions", ADMIN, chat("run-b")))[0] == 200
+    status, body = await request(app, "POST", "/v1/capture/sessions", ALICE, {"model": "run-b"})
+    assert status == 404 and body["error"]["param"] == "model"
+    assert (await request(app, "GET", "/v1/models", "art-revoked"))[0] == 401
+
+
+async def test_a_run_keys_concurrent_requests_are_capped() -> None:
+    release = asyncio.Event()
+    app = endpoint(table(), slow=release)
+    first = asyncio.create_task(request(app, "POST", "/v1/chat/completions", ALICE, chat("run-a")))
+    await asyncio.sleep(0.2)
+    assert not first.done()
+    status, body = await request(app, "POST", "/v1/chat/completions", ALICE, chat("run-a"))
+    assert (
+        status == 429 and body["error"]["type"] == "RateLimitError" and "'alice'" in body["error"]["message"]
+    )
+    # another key and the admin key are not held back by alice's
+    assert (await request(app, "POST", "/v1/chat/completions", BOB, chat("run-b")))[0] == 200
+    release.set()
+    assert (await first)[0] == 200
+    assert (await request(app, "POST", "/v1/chat/completions", ALICE, chat("run-a")))[0] == 200
