@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
 import sys
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -73,15 +75,9 @@ def exact_rate(group: art_ray.TrajectoryGroup) -> float:
     return sum(t.metrics["exact"] for t in group) / max(1, len(group))
 
 
-async def main(args: argparse.Namespace) -> dict:
-    start = time.time()
-    backend = (
-        HTTPBackend(args.server, api_key=args.api_key)
-        if args.server
-        else RayBackend(storage=args.storage, port=args.port, tracking_uri=args.tracking_uri)
-    )
-    model = TrainableModel(
-        name=args.name,
+def demo_model(args: argparse.Namespace, name: str | None = None) -> TrainableModel:
+    return TrainableModel(
+        name=name or args.name,
         project=args.project,
         base_model=args.model,
         config=ModelConfig(
@@ -99,24 +95,44 @@ async def main(args: argparse.Namespace) -> dict:
             }
         ),
     )
-    try:
-        await model.register(backend)
-        first_step = await model.get_step()
+
+
+Phases = list[tuple[str, float, float]]
+
+
+async def train_loop(
+    model: TrainableModel,
+    args: argparse.Namespace,
+    seed: int | None = None,
+    say: Callable[[str], None] = print,
+    phases: Phases | None = None,
+) -> dict:
+    """The demo's loop on a registered model: held-out before, steps until `args.steps` (or the held-out
+    exact rate `args.stop_at_exact`), held-out after. `say` prints its table; `phases`, if given, gets
+    each ("sample" | "train", start, end) in time.time() seconds."""
+
+    @contextlib.contextmanager
+    def phase(name: str) -> Iterator[None]:
+        started = time.time()
+        yield
+        if phases is not None:
+            phases.append((name, started, time.time()))
+
+    first_step = await model.get_step()
+    with phase("sample"):
         baseline = await evaluate(model)
-        await model.log([baseline], split="val")
-        print(
-            f"\nheld-out before: reward {baseline.rewards and sum(baseline.rewards) / len(baseline):.3f}, "
-            f"exact {exact_rate(baseline):.2f}  (step {first_step})",
-            flush=True,
-        )
-        held_out = baseline  # greedy, so the latest evaluation is the final one
-        rng = random.Random(args.seed)
-        print(
-            f"\n{'step':>4}  {'reward':>6}  {'exact':>5}  {'held-out exact':>14}  {'seconds':>7}", flush=True
-        )
-        for step in range(first_step, args.steps):
-            step_start = time.time()
-            questions = rng.sample(TRAIN_QUESTIONS, args.groups_per_step)
+    await model.log([baseline], split="val")
+    say(
+        f"\nheld-out before: reward {baseline.rewards and sum(baseline.rewards) / len(baseline):.3f}, "
+        f"exact {exact_rate(baseline):.2f}  (step {first_step})"
+    )
+    held_out = baseline  # greedy, so the latest evaluation is the final one
+    rng = random.Random(args.seed if seed is None else seed)
+    say(f"\n{'step':>4}  {'reward':>6}  {'exact':>5}  {'held-out exact':>14}  {'seconds':>7}")
+    for step in range(first_step, args.steps):
+        step_start = time.time()
+        questions = rng.sample(TRAIN_QUESTIONS, args.groups_per_step)
+        with phase("sample"):
             groups = await art_ray.gather_trajectory_groups(
                 (
                     art_ray.TrajectoryGroup(rollout(model, question) for _ in range(args.group_size))
@@ -125,40 +141,51 @@ async def main(args: argparse.Namespace) -> dict:
                 pbar_desc=None,
                 max_exceptions=0.1,
             )
-            trajectories = [t for g in groups for t in g]
-            reward = sum(t.reward for t in trajectories) / len(trajectories)
-            exact = sum(t.metrics["exact"] for t in trajectories) / len(trajectories)
-            # a converged model's samples all score alike: the step advances with the same adapter, which
-            # the table says (the SDK's warning for it is news in a run that starts that way, not here)
-            alike = all(len(set(group.rewards)) <= 1 for group in groups)
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="no group has trajectories with different rewards")
-                await model.train(groups, TrainConfig(learning_rate=args.learning_rate), verbose=False)
+        trajectories = [t for g in groups for t in g]
+        reward = sum(t.reward for t in trajectories) / len(trajectories)
+        exact = sum(t.metrics["exact"] for t in trajectories) / len(trajectories)
+        # a converged model's samples all score alike: the step advances with the same adapter, which
+        # the table says (the SDK's warning for it is news in a run that starts that way, not here)
+        alike = all(len(set(group.rewards)) <= 1 for group in groups)
+        with warnings.catch_warnings(), phase("train"):
+            warnings.filterwarnings("ignore", message="no group has trajectories with different rewards")
+            await model.train(groups, TrainConfig(learning_rate=args.learning_rate), verbose=False)
+        with phase("sample"):
             held_out = await evaluate(model)
-            await model.log([held_out], split="val")
-            print(
-                f"{step + 1:>4}  {reward:>6.3f}  {exact:>5.2f}  {exact_rate(held_out):>14.2f}  "
-                f"{time.time() - step_start:>7.1f}"
-                + ("  (all samples scored alike: adapter unchanged)" if alike else ""),
-                flush=True,
-            )
-            if args.stop_at_exact is not None and exact_rate(held_out) >= args.stop_at_exact:
-                break
-        final = held_out
-        print(
-            f"\nheld-out after: reward {sum(final.rewards) / len(final):.3f}, exact {exact_rate(final):.2f}"
+        await model.log([held_out], split="val")
+        say(
+            f"{step + 1:>4}  {reward:>6.3f}  {exact:>5.2f}  {exact_rate(held_out):>14.2f}  "
+            f"{time.time() - step_start:>7.1f}"
+            + ("  (all samples scored alike: adapter unchanged)" if alike else "")
         )
+        if args.stop_at_exact is not None and exact_rate(held_out) >= args.stop_at_exact:
+            break
+    final = held_out
+    say(f"\nheld-out after: reward {sum(final.rewards) / len(final):.3f}, exact {exact_rate(final):.2f}")
+    return {
+        "task": "one_word",
+        "baseline": round(sum(baseline.rewards) / len(baseline), 4),
+        "final": round(sum(final.rewards) / len(final), 4),
+        "baseline_exact": round(exact_rate(baseline), 4),
+        "final_exact": round(exact_rate(final), 4),
+        "steps": await model.get_step(),
+    }
+
+
+async def main(args: argparse.Namespace) -> dict:
+    start = time.time()
+    backend = (
+        HTTPBackend(args.server, api_key=args.api_key)
+        if args.server
+        else RayBackend(storage=args.storage, port=args.port, tracking_uri=args.tracking_uri)
+    )
+    model = demo_model(args)
+    try:
+        await model.register(backend)
+        result = await train_loop(model, args, say=lambda line: print(line, flush=True))
         print(f"MLflow: {backend.tracking_uri} (experiment {model.project}, run {model.name})")
         print(f"checkpoints: {backend.model_dir(model)}/checkpoints", flush=True)
-        return {
-            "task": "one_word",
-            "baseline": round(sum(baseline.rewards) / len(baseline), 4),
-            "final": round(sum(final.rewards) / len(final), 4),
-            "baseline_exact": round(exact_rate(baseline), 4),
-            "final_exact": round(exact_rate(final), 4),
-            "steps": await model.get_step(),
-            "seconds": round(time.time() - start, 1),
-        }
+        return {**result, "seconds": round(time.time() - start, 1)}
     finally:
         backend.shutdown()
 
