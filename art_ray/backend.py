@@ -551,8 +551,11 @@ class RayBackend:
         if tracker is not None:
             tracker.finish()
         await get_registry().retire.remote(name)
-        if purge_checkpoints:  # its trajectories' Parquet files stay: the record of what it trained on
-            storage.delete_dir(f"{trainer.config.model_dir()}/checkpoints")
+        checkpoints = f"{trainer.config.model_dir()}/checkpoints"
+        # its trajectories' Parquet files stay: the record of what it trained on; a run that never trained
+        # has no checkpoints
+        if purge_checkpoints and storage.exists(checkpoints):
+            storage.delete_dir(checkpoints)
 
     def stop_trainers(self) -> None:
         for trainer in self._trainers.values():
