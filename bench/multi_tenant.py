@@ -9,7 +9,7 @@ its own seed, trained three ways, each way in a fresh process tree whose memory 
 Every run trains until its held-out exact rate reaches --threshold or it has made --max-steps steps. The
 shared ways size the engine for all runs' samples at once (`max_num_seqs` = runs x a step's samples).
 
-Reported per way: wall time (from the way's process start to its last run's end, every start included),
+Reported per way: wall time (the way's process from its start to its exit: every start and stop included),
 each run's steps and final held-out exact, the engine's and the trainer's busy fractions (the share of the
 loops' wall time in which some run was sampling or evaluating / some train call was in flight: the
 in-process ways only) and the peak PSS of the way's whole process tree (bench/memory.py's sampling).
@@ -141,6 +141,7 @@ def child(args: argparse.Namespace) -> None:
 def run_way(way: str, args: argparse.Namespace) -> dict:
     """The way in a child process, its tree's summed PSS sampled every --interval seconds."""
     command = [sys.executable, __file__, "--child", way, *forwarded(args)]
+    started = time.time()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     peak = 0
     done = threading.Event()
@@ -163,7 +164,8 @@ def run_way(way: str, args: argparse.Namespace) -> dict:
     watcher.join()
     if process.wait() != 0:
         raise RuntimeError(f"the {way} way failed (exit {process.returncode}); its stderr is above")
-    return {**json.loads(last), "peak_gib": peak / GIB}
+    # the wall time a user waits: the way's process from its start to its exit, Ray's starts and stops in
+    return {**json.loads(last), "wall_s": time.time() - started, "peak_gib": peak / GIB}
 
 
 def forwarded(args: argparse.Namespace) -> list[str]:
