@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from common import print_result, print_table  # noqa: E402
-from serve_overhead import SPEC, prompts  # noqa: E402
+from serve_overhead import SPEC, generated_tokens, prompts  # noqa: E402
 
 from art_ray.adapters.lora_files import initial_adapter, write_peft_adapter  # noqa: E402
 from art_ray.models import resolve_base_model  # noqa: E402
@@ -52,19 +52,13 @@ async def measure(args: argparse.Namespace) -> dict[tuple[int, int], list[float]
     tokenizer = AutoTokenizer.from_pretrained(model)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, ignore_eos=True)
 
-    async def one(index: int, messages: list[dict], adapter: LoRARequest) -> int:
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        final = None
-        async for output in engine.generate(
-            prompt, params, request_id=f"r{index}-{time.time()}", lora_request=adapter
-        ):
-            final = output
-        return len(final.outputs[0].token_ids)
-
     async def rate(sequences: int, count: int) -> float:
         started = time.perf_counter()
         tokens = await asyncio.gather(
-            *(one(i, m, adapters[i % count]) for i, m in enumerate(prompts(sequences)))
+            *(
+                generated_tokens(engine, tokenizer, messages, params, adapters[i % count], f"r{i}")
+                for i, messages in enumerate(prompts(sequences))
+            )
         )
         return sum(tokens) / (time.perf_counter() - started)
 

@@ -42,6 +42,17 @@ def prompts(count: int) -> list[list[dict]]:
     ]
 
 
+async def generated_tokens(engine, tokenizer, messages: list[dict], params, lora, request: str) -> int:  # noqa: ANN001
+    """One chat request straight to the engine (AsyncLLM) with `lora`; the tokens it generated."""
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    final = None
+    async for output in engine.generate(
+        prompt, params, request_id=f"{request}-{time.time()}", lora_request=lora
+    ):
+        final = output
+    return len(final.outputs[0].token_ids)
+
+
 async def direct_tokens_per_second(engine_config: EngineConfig, requests: int, max_tokens: int) -> float:
     from vllm import SamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -59,13 +70,7 @@ async def direct_tokens_per_second(engine_config: EngineConfig, requests: int, m
     params = SamplingParams(max_tokens=max_tokens, temperature=1.0, ignore_eos=True, logprobs=0)
 
     async def one(index: int, messages: list[dict]) -> int:
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        final = None
-        async for output in engine.generate(
-            prompt, params, request_id=f"r{index}-{time.time()}", lora_request=lora
-        ):
-            final = output
-        return len(final.outputs[0].token_ids)
+        return await generated_tokens(engine, tokenizer, messages, params, lora, f"r{index}")
 
     await asyncio.gather(*(one(i, m) for i, m in enumerate(prompts(4))))  # warm-up
     start = time.perf_counter()
