@@ -125,3 +125,49 @@ def test_the_short_path_adds_every_slice_of_one_slot(generator) -> None:
     layer.lora_b_stacked[1][2].mul_(3)  # a new adapter loaded into the slot ...
     layer.__dict__[FUSED].pop(2)  # ... drops its fused matrices (set_lora does this)
     assert torch.allclose(apply_lora_to_output(layer, x, base.clone(), never), expected(), atol=1e-5)
+
+
+def test_the_short_path_gives_each_slots_rows_their_own_adapter(generator) -> None:
+    """Several runs' tokens in one step (slots 0 and 2, tokens without an adapter, and a slot whose
+    adapter has no weights in this layer): each row gets its own slot's slices, as vLLM's ops would."""
+    from types import SimpleNamespace
+
+    from art_ray.serving.cpu_lora import (
+        LOADED_SLOTS,
+        STEP_ROWS,
+        STEP_SLOTS,
+        STEP_TOKENS,
+        apply_lora_to_output,
+    )
+
+    rank, width, sizes, slots = 4, 24, (24, 8, 8), 4
+    indices = torch.tensor([0, 2, -1, 2, 0, 3, 2])
+    used = torch.unique(indices).tolist()
+    layer = SimpleNamespace(
+        lora_a_stacked=tuple(torch.randn(slots, 1, rank, width, generator=generator) for _ in sizes),
+        lora_b_stacked=tuple(torch.randn(slots, 1, size, rank, generator=generator) for size in sizes),
+        output_slices=sizes,
+        punica_wrapper=SimpleNamespace(
+            **{
+                STEP_SLOTS: used,
+                STEP_ROWS: {slot: (indices == slot).nonzero().squeeze(1) for slot in used},
+                STEP_TOKENS: len(indices),
+            }
+        ),
+        **{LOADED_SLOTS: {0, 2}},  # slot 3's adapter has no weights for this layer
+    )
+    x = torch.randn(len(indices), width, generator=generator)
+    base = torch.randn(len(indices), sum(sizes), generator=generator)
+    expected = base.clone()
+    for row, slot in enumerate(indices.tolist()):
+        if slot in (0, 2):
+            parts = [
+                x[row] @ a[slot, 0].T @ b[slot, 0].T
+                for a, b in zip(layer.lora_a_stacked, layer.lora_b_stacked, strict=True)
+            ]
+            expected[row] += torch.cat(parts)
+
+    def never(*args):  # noqa: ANN002, ANN202
+        raise AssertionError("the fallback must not run when the step's rows are known")
+
+    assert torch.allclose(apply_lora_to_output(layer, x, base.clone(), never), expected, atol=1e-5)

@@ -12,9 +12,10 @@ last slot with -1 and apply that adapter to them.
 Above the ops, each LoRA linear layer takes a short path (`apply_lora_to_output`): the slots a step's
 tokens use are read once per step (not once per op), a layer whose adapters carry no weights for it (the
 MLP of a q/k/v/o adapter: vLLM wraps every linear layer) adds nothing, and when every token uses one slot
-the layer's slices are one shrink and one expand-add (`_fused`). Profiled on the demo's rollout
-(SmolLM2-135M, 32 x 16 tokens, r=16, 2 threads): LoRA took 35% of the engine worker's time with two
-matmuls per slice, 17% fused (the base model's matmuls: 34-40%).
+the layer's slices are one shrink and one expand-add (`_fused`); when a step's tokens use several slots
+(several runs sampling at once), each slot's rows (found once per step) take that path. Profiled on the
+demo's rollout (SmolLM2-135M, 32 x 16 tokens, r=16, 2 threads): LoRA took 35% of the engine worker's
+time with two matmuls per slice, 17% fused (the base model's matmuls: 34-40%).
 
 Registered as the `vllm.general_plugins` entry point `art_ray_cpu_lora`; set ART_RAY_CPU_LORA=0 to keep
 vLLM's own ops.
@@ -95,6 +96,9 @@ def bgmv_expand_slice(
 LOADED_SLOTS = "_art_ray_loaded_slots"  # on a LoRA layer: the slots whose adapter has weights for it
 FUSED = "_art_ray_fused"  # on a LoRA layer: slot -> its slices' A and B as two matrices (see _fused)
 STEP_SLOTS = "_art_ray_step_slots"  # on the punica wrapper: the slots this step's tokens use
+# on the punica wrapper, when a step's tokens use several slots: each slot's token rows, and the token count
+STEP_ROWS = "_art_ray_step_rows"
+STEP_TOKENS = "_art_ray_step_tokens"
 
 
 def apply_lora_to_output(layer: Any, x: torch.Tensor, output: torch.Tensor, fallback: Any) -> torch.Tensor:
@@ -105,10 +109,20 @@ def apply_lora_to_output(layer: Any, x: torch.Tensor, output: torch.Tensor, fall
     loaded = getattr(layer, LOADED_SLOTS, set())
     if not any(slot in loaded for slot in slots):  # no adapter in use has weights here (or no adapter)
         return output
-    if len(slots) > 1 or x.ndim != 2 or output.ndim != 2 or x.dtype != output.dtype:
+    if x.ndim != 2 or output.ndim != 2 or x.dtype != output.dtype:
         return fallback(layer, x, output)
-    shrink, expand = _fused(layer, slots[0], x.dtype)
-    return output.addmm_(x @ shrink, expand)
+    if len(slots) == 1:
+        shrink, expand = _fused(layer, slots[0], x.dtype)
+        return output.addmm_(x @ shrink, expand)
+    rows = getattr(layer.punica_wrapper, STEP_ROWS, None)
+    if rows is None or getattr(layer.punica_wrapper, STEP_TOKENS, None) != x.shape[0]:
+        return fallback(layer, x, output)
+    # several runs' adapters in one step: each slot's rows through its fused matrices
+    for slot, slot_rows in rows.items():
+        if slot in loaded:
+            shrink, expand = _fused(layer, slot, x.dtype)
+            output.index_add_(0, slot_rows, x.index_select(0, slot_rows) @ shrink @ expand)
+    return output
 
 
 def _fused(layer: Any, slot: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,7 +182,12 @@ def register() -> None:
 
     def update_metadata_and_slots(self: Any, *args: Any, **kwargs: Any) -> None:
         update_metadata(self, *args, **kwargs)
-        setattr(self, STEP_SLOTS, torch.unique(self.token_lora_indices).tolist())
+        indices = self.token_lora_indices
+        slots = torch.unique(indices).tolist()
+        setattr(self, STEP_SLOTS, slots)
+        rows = {slot: (indices == slot).nonzero().squeeze(1) for slot in slots} if len(slots) > 1 else None
+        setattr(self, STEP_ROWS, rows)
+        setattr(self, STEP_TOKENS, indices.shape[0])
 
     wrapper.update_metadata = update_metadata_and_slots
     layer_class = base_linear.BaseLinearLayerWithLoRA
