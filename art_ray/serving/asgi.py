@@ -23,6 +23,12 @@ async def send_error(
     await send_json(send, status, {"error": error})
 
 
+def unknown_model(model: str) -> str:
+    """vLLM's 404 message for a model it does not serve: what a hidden run is answered with too, word for
+    word, so another key cannot tell it from a name nobody registered."""
+    return f"The model `{model}` does not exist."
+
+
 # OpenAI's error `type` by the status art-ray's own middleware answers with
 OPENAI_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitError"}
 

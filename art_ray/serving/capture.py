@@ -40,6 +40,7 @@ from art_ray.serving.asgi import (
     replay,
     send_error,
     send_json,
+    unknown_model,
     with_path,
 )
 from art_ray.serving.endpoint_guard import (
@@ -119,7 +120,7 @@ class CaptureMiddleware:
             await send_error(send, 400, message, "BadRequestError")
             return
         if not caller_of(scope).sees(model):  # another run's model: as if it did not exist
-            await send_error(send, 404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+            await send_error(send, 404, unknown_model(model), "NotFoundError", "model")
             return
         info = await self.store.open.remote(model, self._key_digest(scope), ttl_s)
         await send_json(send, 200, info.model_dump())

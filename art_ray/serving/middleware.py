@@ -31,6 +31,7 @@ from art_ray.serving.asgi import (
     read_body,
     replay,
     send_error,
+    unknown_model,
     with_content_length,
 )
 from art_ray.serving.endpoint_guard import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH, request_path
@@ -109,17 +110,17 @@ class ModelRoutingMiddleware:
             message = "`model` is required: name the model as `name` or `name@step`"
             raise RequestRejected(400, message, "BadRequestError", "model")
         if model == BASE_MODEL_NAME:
-            raise RequestRejected(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+            raise RequestRejected(404, unknown_model(model), "NotFoundError", "model")
         try:
             name, step = parse_versioned_name(model)
         except InvalidModelNameError as error:
             raise RequestRejected(400, str(error), "BadRequestError", "model") from None
         if not caller.sees(name):
-            raise RequestRejected(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+            raise RequestRejected(404, unknown_model(model), "NotFoundError", "model")
         if step is None:
             latest = self.versions.latest_step(name)
             if latest is None:
-                raise RequestRejected(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+                raise RequestRejected(404, unknown_model(model), "NotFoundError", "model")
             payload["model"] = versioned_name(name, latest)
         else:
             await self.versions.ensure(name, step)  # if not: vLLM answers 404 for a version nobody has
