@@ -138,11 +138,13 @@ def test_the_short_path_gives_each_slots_rows_their_own_adapter(generator) -> No
         STEP_SLOTS,
         STEP_TOKENS,
         apply_lora_to_output,
+        step_slots,
     )
 
     rank, width, sizes, slots = 4, 24, (24, 8, 8), 4
     indices = torch.tensor([0, 2, -1, 2, 0, 3, 2])
-    used = torch.unique(indices).tolist()
+    used, rows = step_slots(indices)  # as the punica wrapper's metadata update records them
+    assert used == [-1, 0, 2, 3] and rows is not None and rows[2].tolist() == [1, 3, 6]
     layer = SimpleNamespace(
         lora_a_stacked=tuple(torch.randn(slots, 1, rank, width, generator=generator) for _ in sizes),
         lora_b_stacked=tuple(torch.randn(slots, 1, size, rank, generator=generator) for size in sizes),
@@ -150,7 +152,7 @@ def test_the_short_path_gives_each_slots_rows_their_own_adapter(generator) -> No
         punica_wrapper=SimpleNamespace(
             **{
                 STEP_SLOTS: used,
-                STEP_ROWS: {slot: (indices == slot).nonzero().squeeze(1) for slot in used},
+                STEP_ROWS: rows,
                 STEP_TOKENS: len(indices),
             }
         ),

@@ -101,6 +101,13 @@ STEP_ROWS = "_art_ray_step_rows"
 STEP_TOKENS = "_art_ray_step_tokens"
 
 
+def step_slots(indices: torch.Tensor) -> tuple[list[int], dict[int, torch.Tensor] | None]:
+    """The slots a step's tokens use (-1: no adapter) and, when there are several, each slot's token rows."""
+    slots = torch.unique(indices).tolist()
+    rows = {slot: (indices == slot).nonzero().squeeze(1) for slot in slots} if len(slots) > 1 else None
+    return slots, rows
+
+
 def apply_lora_to_output(layer: Any, x: torch.Tensor, output: torch.Tensor, fallback: Any) -> torch.Tensor:
     """A LoRA linear layer's adapter contribution, added to `output` (its base output) in place."""
     slots = getattr(layer.punica_wrapper, STEP_SLOTS, None)
@@ -182,12 +189,10 @@ def register() -> None:
 
     def update_metadata_and_slots(self: Any, *args: Any, **kwargs: Any) -> None:
         update_metadata(self, *args, **kwargs)
-        indices = self.token_lora_indices
-        slots = torch.unique(indices).tolist()
+        slots, rows = step_slots(self.token_lora_indices)
         setattr(self, STEP_SLOTS, slots)
-        rows = {slot: (indices == slot).nonzero().squeeze(1) for slot in slots} if len(slots) > 1 else None
         setattr(self, STEP_ROWS, rows)
-        setattr(self, STEP_TOKENS, indices.shape[0])
+        setattr(self, STEP_TOKENS, self.token_lora_indices.shape[0])
 
     wrapper.update_metadata = update_metadata_and_slots
     layer_class = base_linear.BaseLinearLayerWithLoRA
