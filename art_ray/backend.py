@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import ray
 
@@ -26,6 +26,7 @@ from art_ray.placement import ModelPlan, PlacementError, cluster_shapes, plan_mo
 from art_ray.role_configs import kv_cache_tokens, serving_config, trainer_config
 from art_ray.serving.config import ServingConfig
 from art_ray.startup import side_by_side
+from art_ray.tinker.types import AdamStep, ForwardBackwardCall, ForwardBackwardResult
 from art_ray.tracking import Tracker, group_metrics, save_trajectories
 from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.train_result import TrainEvent, TrainResult
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from art_ray.trainer.group import TrainerGroup
 
 logger = logging.getLogger(__name__)
+Result = TypeVar("Result")
 
 
 def _driver_code_path() -> str:
@@ -386,6 +388,36 @@ class RayBackend:
             max_tokens = await self._max_train_tokens(model)
             async for event in self._retried(model, lambda trainer: call(trainer, max_tokens)):
                 yield event
+        finally:
+            self._in_call[model.name] -= 1
+            self._touch(model.name)
+
+    # --- the Tinker API's verbs (art_ray/tinker/): gradients add up until optim_step ----------------
+
+    async def forward_backward(
+        self, model: TrainableModel, call: ForwardBackwardCall
+    ) -> ForwardBackwardResult:
+        """Per-datum logprobs and loss terms under the run's current adapter; the call's gradients (its
+        losses summed) are applied by the run's next `optim_step`. TinkerUserError for a malformed call."""
+        return await self._in_flight(model, self._trainer(model).tinker_forward_backward(call))
+
+    async def optim_step(self, model: TrainableModel, step: AdamStep) -> dict[str, float]:
+        """One AdamW step on the gradients of the run's forward_backward calls since its last step; the
+        run's step advances. Nothing is published: `save_for_sampler` does that."""
+        return await self._in_flight(model, self._trainer(model).tinker_optim_step(step))
+
+    async def save_for_sampler(self, model: TrainableModel) -> int:
+        """Publish the run's current adapter as `name@step` (served by every replica when this returns,
+        and never changed after); the step."""
+        trainer = self._trainer(model)
+        await self._in_flight(model, trainer.publish_current())
+        return trainer.step
+
+    async def _in_flight(self, model: TrainableModel, call: Awaitable[Result]) -> Result:
+        """Counted as in flight (an idle time-to-live never expires a run mid-call)."""
+        self._in_call[model.name] += 1
+        try:
+            return await call
         finally:
             self._in_call[model.name] -= 1
             self._touch(model.name)

@@ -28,6 +28,7 @@ from art_ray.cluster_actors import NAMESPACE
 from art_ray.cpu_threads import trainer_openmp_env
 from art_ray.errors import QuotaExceededError
 from art_ray.placement import PlacementError
+from art_ray.tinker.types import AdamStep, ForwardBackwardCall, ForwardBackwardResult, TinkerUserError
 from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.train_result import GradientStep, TrainEvent, TrainResult
 from art_ray.trainer.config import TrainerConfig
@@ -285,9 +286,7 @@ class TrainerGroup:
         )
 
     async def _train(self, prepare: Callable[[], Any], config: TrainConfig) -> AsyncIterator[GradientStep]:
-        if self.config.colocated:
-            await self._handover("release")
-        try:
+        async with self._on_device():
             shards = prepare()  # rank 0 tokenizes and packs once; each rank is handed its own shard
             shards = shards if isinstance(shards, list) else [shards]
             streams = [
@@ -305,12 +304,54 @@ class TrainerGroup:
                     raise QuotaExceededError(str(error.cause)) from None
                 raise
             self.step = await self.workers[0].get_step.remote(self.run)
-            if self.config.colocated and self.config.device == "gpu":
-                # the trainer's memory must be free before the engines wake
+
+    @contextlib.asynccontextmanager
+    async def _on_device(self) -> AsyncIterator[None]:
+        """Colocated: the engines hand the devices to the trainer for the body and take them back after
+        (on GPU once the trainer's memory is free)."""
+        if not self.config.colocated:
+            yield
+            return
+        await self._handover("release")
+        try:
+            yield
+            if self.config.device == "gpu":
                 await asyncio.gather(*(worker.offload.remote() for worker in self.workers))
         finally:
-            if self.config.colocated:
-                await self._handover("reclaim")
+            await self._handover("reclaim")
+
+    # --- the Tinker API: the run's calls, in the client's order (art_ray/tinker/) ---------------------
+
+    async def tinker_forward_backward(self, call: ForwardBackwardCall) -> ForwardBackwardResult:
+        """The call's per-datum logprobs and losses; its gradients wait for the run's optim_step."""
+        async with self.ranks.turn(self.run), self._on_device():
+            shards = await self._tinker_call(
+                [worker.tinker_forward_backward.remote(self.run, call) for worker in self.workers]
+            )
+        outputs = dict(item for shard in shards for item in shard)
+        ordered = [outputs[index] for index in range(len(call.data))]
+        return ForwardBackwardResult(
+            logprobs=[output.logprobs for output in ordered],
+            elementwise_loss=[output.elementwise_loss for output in ordered],
+            metrics={"loss:sum": sum(sum(output.elementwise_loss) for output in ordered)},
+        )
+
+    async def tinker_optim_step(self, step: AdamStep) -> dict[str, float]:
+        async with self.ranks.turn(self.run), self._on_device():
+            metrics = await self._tinker_call(
+                [worker.tinker_optim_step.remote(self.run, step) for worker in self.workers]
+            )
+            self.step = await self.workers[0].get_step.remote(self.run)
+        return metrics[0]
+
+    @staticmethod
+    async def _tinker_call(calls: list[ray.ObjectRef]) -> list[Any]:
+        try:
+            return await asyncio.gather(*calls)
+        except ray.exceptions.RayTaskError as error:
+            if isinstance(error.cause, TinkerUserError):  # every rank refuses it before computing
+                raise TinkerUserError(str(error.cause)) from None
+            raise
 
     async def _publish_and_checkpoint(self) -> tuple[list[ray.ObjectRef] | None, dict[str, float]]:
         """Publish the step and start its checkpoint; the publish call's refs (awaited by the caller, after

@@ -21,6 +21,7 @@ from art_ray.adapters.lora_files import PackedAdapter
 from art_ray.colocation import TrainerHandover
 from art_ray.cpu_threads import every_core_threads
 from art_ray.errors import QuotaExceededError
+from art_ray.tinker.types import AdamStep, ForwardBackwardCall
 from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.trainer.config import TrainerConfig
 from art_ray.trainer.packing import PackedRow, segment_attention_mask
@@ -32,6 +33,7 @@ if TYPE_CHECKING:  # torch loads on the rank: the driver imports this module to 
     import torch
 
     from art_ray.trainer.checkpoint_writer import BackgroundCheckpointEngine
+    from art_ray.trainer.tinker_step import ItemOutput
 
 CLIENT_STATE_STEP = "art_ray_step"
 # The concurrency group of `captured_adapter`, so the registry's fetch never queues behind a train call
@@ -112,6 +114,8 @@ class TrainerWorker:
         self.runs: RunStates | None = None
         self._captured: dict[tuple[str, int], PackedAdapter] = {}
         self._captured_lock = threading.Lock()
+        # each run's forward_backward calls that wait for its optim_step
+        self._tinker_pending: dict[str, list[ForwardBackwardCall]] = {}
 
     def rendezvous(self) -> tuple[str, int]:
         """Rank 0's address and a free port for the process group."""
@@ -190,6 +194,7 @@ class TrainerWorker:
                 raise ValueError(f"run {run!r} is this trainer's last run")
             runs.activate(others[0])
         runs.remove(run)
+        self._tinker_pending.pop(run, None)
         with self._captured_lock:
             for key in [key for key in self._captured if key[0] == run]:
                 del self._captured[key]
@@ -288,16 +293,43 @@ class TrainerWorker:
     def _gradient_step(
         self, rows: list[PackedRow], train_config: TrainConfig, learning_rate: float
     ) -> dict[str, float]:
-        import torch
-        import torch.distributed as dist
-
         start = time.perf_counter()
         for group in self.engine.optimizer.param_groups:
             group["lr"] = learning_rate
-        # Clipping is per train call. With ZeRO 1-2 the optimizer clips and records the norm; at stage 0
-        # the engine calls clip_fp32_gradients (after the all-reduce) only if clipping is on, so it is
+        totals, grad_norm = self._optimizer_step(
+            [
+                lambda batch=batch: self._forward_backward(batch, train_config)
+                for batch in self._micro_batches(rows)
+            ],
+            train_config.max_grad_norm,
+        )
+        seconds = time.perf_counter() - start
+        loss, policy, kl, clip, entropy, tokens, weight = totals.tolist()
+        return {
+            "loss/train": loss,
+            "loss/policy": policy,
+            "loss/kl": kl,
+            "loss/entropy": entropy / max(weight, 1e-12),
+            "loss/clip_fraction": clip / max(weight, 1e-12),
+            "loss/grad_norm": grad_norm,
+            "loss/learning_rate": learning_rate,
+            "data/trained_tokens": tokens,
+            "throughput/train_tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
+            "time/step_seconds": seconds,
+        }
+
+    def _optimizer_step(
+        self, micro_batches: list[Callable[[], torch.Tensor]], max_grad_norm: float | None
+    ) -> tuple[torch.Tensor, float]:
+        """Run each micro-batch's forward and backward (each returns its totals, summed over ranks here),
+        then one optimizer step; the totals and the gradient norm before clipping."""
+        import torch
+        import torch.distributed as dist
+
+        # Clipping is per optimizer step. With ZeRO 1-2 the optimizer clips and records the norm; at stage
+        # 0 the engine calls clip_fp32_gradients (after the all-reduce) only if clipping is on, so it is
         # always on (a huge bound when disabled) and records the norm it computes.
-        clip = train_config.max_grad_norm or 1e12
+        clip = max_grad_norm or 1e12
         self.engine.gradient_clipping = lambda: clip
         if hasattr(self.engine.optimizer, "clip_grad"):
             self.engine.optimizer.clip_grad = clip
@@ -309,28 +341,15 @@ class TrainerWorker:
 
         self.engine.clip_fp32_gradients = clip_and_record
         self.engine.train()
-        totals = torch.zeros(7, dtype=torch.float64)  # loss, policy, kl, clip*w, entropy*w, tokens, weight
-        for batch in self._micro_batches(rows):
-            totals += self._forward_backward(batch, train_config)
+        totals = micro_batches[0]()
+        for backward in micro_batches[1:]:
+            totals += backward()
         self.engine.step()
         dist.all_reduce(totals, op=dist.ReduceOp.SUM)
-        seconds = time.perf_counter() - start
-        loss, policy, kl, clip, entropy, tokens, weight = totals.tolist()
         grad_norm = self.engine.get_global_grad_norm()
         if grad_norm is None:  # fp32 at stage 0: the norm our clip_fp32_gradients recorded
             grad_norm = self._grad_norm
-        return {
-            "loss/train": loss,
-            "loss/policy": policy,
-            "loss/kl": kl,
-            "loss/entropy": entropy / max(weight, 1e-12),
-            "loss/clip_fraction": clip / max(weight, 1e-12),
-            "loss/grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
-            "loss/learning_rate": learning_rate,
-            "data/trained_tokens": tokens,
-            "throughput/train_tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
-            "time/step_seconds": seconds,
-        }
+        return totals, float(grad_norm) if grad_norm is not None else math.nan
 
     def _micro_batches(self, rows: list[PackedRow]) -> list[list[PackedRow]]:
         micro = self.settings.micro_batch_rows
@@ -441,6 +460,76 @@ class TrainerWorker:
             ],
             dtype=torch.float64,
         )
+
+    # --- the Tinker API (art_ray/trainer/tinker_step.py) -------------------------------------------
+
+    def tinker_forward_backward(self, run: str, call: ForwardBackwardCall) -> list[tuple[int, ItemOutput]]:
+        """Each of this rank's data's (index, outputs) under the run's current adapter; unless
+        `forward_only`, the call waits on the run for its optim_step, which makes its gradients."""
+        import torch
+
+        from art_ray.trainer.tinker_step import check_call, loss_items, micro_batch_loss
+
+        check_call(call, self._vocab_size(), self.settings.sequence_length)
+        self._live(run)
+        assert self.handover is not None
+        self.handover.reload()
+        indexed = list(enumerate(loss_items(call)))[self.rank :: self.settings.world_size]
+        micro = self.settings.micro_batch_rows
+        outputs: list[tuple[int, ItemOutput]] = []
+        self.engine.eval()
+        with torch.no_grad():
+            for start in range(0, len(indexed), micro):
+                chunk = indexed[start : start + micro]
+                _, results = micro_batch_loss(self.engine, [item for _, item in chunk], self.engine.device)
+                outputs.extend((index, result) for (index, _), result in zip(chunk, results, strict=True))
+        if not call.forward_only:
+            self._tinker_pending.setdefault(run, []).append(call)
+        return outputs
+
+    def tinker_optim_step(self, run: str, step: AdamStep) -> dict[str, float]:
+        """The run's waiting forward_backward calls' gradients (their losses summed), then one AdamW step
+        with `step`'s settings; the run's step counter advances."""
+        from art_ray.trainer.tinker_step import loss_items, micro_batch_loss, padding_item
+
+        self._live(run)
+        assert self.handover is not None
+        self.handover.reload()
+        items = [item for call in self._tinker_pending.pop(run, []) for item in loss_items(call)]
+        world, micro = self.settings.world_size, self.settings.micro_batch_rows
+        mine = items[self.rank :: world]
+        # every rank runs as many micro-batches as the rank with the most (zero-loss padding)
+        count = max(1, math.ceil(math.ceil(len(items) / world) / micro))
+        batches = [mine[i * micro : (i + 1) * micro] or [padding_item()] for i in range(count)]
+        for group in self.engine.optimizer.param_groups:
+            group.update(
+                lr=step.learning_rate,
+                betas=(step.beta1, step.beta2),
+                eps=step.eps,
+                weight_decay=step.weight_decay,
+            )
+
+        def backward(batch: list) -> torch.Tensor:  # type: ignore[type-arg]
+            import torch
+
+            loss, _ = micro_batch_loss(self.engine, batch, self.engine.device)
+            # DeepSpeed averages gradients over ranks; Tinker's loss is their sum
+            self.engine.backward(loss * world, scale_wrt_gas=False)
+            return torch.tensor([loss.item()], dtype=torch.float64)
+
+        totals, grad_norm = self._optimizer_step(
+            [lambda batch=batch: backward(batch) for batch in batches], step.grad_clip_norm or None
+        )
+        self._runs.set_step(run, self._runs.step(run) + 1)
+        return {
+            "loss:sum": float(totals[0]),
+            "grad_norm:mean": grad_norm,
+            "learning_rate:mean": step.learning_rate,
+            "data:sum": float(len(items)),
+        }
+
+    def _vocab_size(self) -> int:
+        return int(self.engine.module.get_input_embeddings().num_embeddings)
 
     # --- adapter and checkpoints ----------------------------------------------------------------
 
