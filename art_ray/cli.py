@@ -67,6 +67,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _serve_training(args: argparse.Namespace) -> int:
     from art_ray.remote.server import TrainingServerConfig, start_training_server
+    from art_ray.tinker.config import TinkerConfig
 
     config = TrainingServerConfig(
         storage=args.storage,
@@ -74,10 +75,13 @@ def _serve_training(args: argparse.Namespace) -> int:
         tracking_uri=args.tracking_uri,
         inference_app_name=args.inference_app,
         inference_route_prefix=args.inference_route_prefix,
+        tinker=TinkerConfig(base_models=args.tinker_base_model or ["smollm2-135m"]) if args.tinker else None,
     )
     _connect(args.address)
     url = start_training_server(config, args.host, args.port, route_prefix=args.route_prefix)
     print(f"training server: {url} (HTTPBackend({url!r}, api_key=...); routes under {args.route_prefix})")
+    if config.tinker is not None:
+        print(f"Tinker API: tinker.ServiceClient(base_url={url!r}, api_key=<a tml- key>)")
     return 0
 
 
@@ -215,6 +219,15 @@ def build_parser() -> argparse.ArgumentParser:
     training.add_argument("--inference-app", default="art", help="Serve app name of the inference app")
     training.add_argument(
         "--inference-route-prefix", default="/", help="its route prefix (OpenAI API under /v1)"
+    )
+    training.add_argument(
+        "--tinker", action="store_true", help="also serve the Tinker API (/api/v1) for the tinker SDK"
+    )
+    training.add_argument(
+        "--tinker-base-model",
+        action="append",
+        default=None,
+        help="a base model Tinker clients may train (repeatable; default smollm2-135m)",
     )
     training.set_defaults(handler=_serve_training)
 

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,6 +49,7 @@ from art_ray.remote.server import (
     require_auth_off_localhost,
     start_training_server,
 )
+from art_ray.tinker.config import TinkerConfig
 
 pytestmark = pytest.mark.slow
 
@@ -64,6 +66,9 @@ def server_url(ray_cluster, tmp_path_factory) -> Iterator[str]:
         api_key=API_KEY,
         inference_app_name="http",
         inference_route_prefix="/http",
+        tinker=TinkerConfig(
+            base_models=["tiny"], run_config=CONFIG.model_copy(update={"share_trainer": True})
+        ),
     )
     yield start_training_server(config, port=free_port())
     # Its inference app serves the same base model as the session's app: left up, it would also load
@@ -73,6 +78,7 @@ def server_url(ray_cluster, tmp_path_factory) -> Iterator[str]:
     from art_ray.serving.launch import stop_inference
 
     serve.delete(APP_NAME)
+    serve.delete(config.tinker.app_name)
     stop_inference(config.inference_app_name)
 
 
@@ -388,3 +394,84 @@ async def model_train(backend: HTTPBackend, model: TrainableModel, trajectory: T
     group = TrajectoryGroup([trajectory, trajectory.model_copy(update={"reward": 0.0})])
     async for _ in backend.train(model, [group], TrainConfig()):
         pass
+
+
+def test_the_tinker_sdk_trains_samples_and_sees_only_its_own_runs(server_url) -> None:
+    """Issue 28: the official `tinker` SDK, pointed at the server with a `tml-` run key, trains a LoRA run
+    (cross_entropy forward_backward + optim_step), samples snapshots of it, and the run is served on the
+    OpenAI endpoint under its run name; another key finds none of it."""
+    import tinker
+    from tinker import types as T
+
+    from art_ray import keys
+    from art_ray.access import KeyGrant
+
+    carol_key = asyncio.run(keys.create_key(KeyGrant(name="tinker-carol"), prefix="tml-"))
+    dave_key = asyncio.run(keys.create_key(KeyGrant(name="tinker-dave"), prefix="tml-"))
+    carol = tinker.ServiceClient(base_url=server_url, api_key=carol_key)
+    started = time.monotonic()
+    with pytest.raises(tinker.RequestFailedError, match="is not served here"):  # at once, not retried
+        carol.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=8)
+    assert time.monotonic() - started < 30
+
+    training = carol.create_lora_training_client(base_model="tiny", rank=8)
+    run = training.model_id.replace(":", "-")
+    tokenizer = training.get_tokenizer()  # get_info's tokenizer_id: the local folder, offline
+    prompt = tokenizer.encode("Name a color:")
+    answer = tokenizer.encode(" teal teal teal")
+    datum = T.Datum(
+        model_input=T.ModelInput.from_ints(prompt + answer[:-1]),
+        loss_fn_inputs={
+            "target_tokens": T.TensorData(data=prompt[1:] + answer, dtype="int64"),
+            "weights": T.TensorData(data=[0.0] * (len(prompt) - 1) + [1.0] * len(answer), dtype="float32"),
+        },
+    )
+    greedy = T.SamplingParams(max_tokens=len(answer), temperature=0.0)
+    base = carol.create_sampling_client(base_model="tiny")
+    before = base.sample(T.ModelInput.from_ints(prompt), 1, greedy).result().sequences[0].tokens
+
+    losses = []
+    for _ in range(4):
+        backward = training.forward_backward([datum], "cross_entropy")
+        stepped = training.optim_step(T.AdamParams(learning_rate=5e-2))
+        losses.append(backward.result().metrics["loss:sum"])
+        stepped.result()
+    assert losses[-1] < losses[0] / 2, losses
+    snapshot = training.save_weights_and_get_sampling_client()
+    trained = snapshot.sample(T.ModelInput.from_ints(prompt), 2, greedy).result()
+    assert trained.sequences[0].tokens == answer != before
+    assert all(lp <= 0 for lp in trained.sequences[0].logprobs)
+
+    # the run moves on; the sampling client stays on its snapshot
+    other = T.Datum(
+        model_input=T.ModelInput.from_ints(prompt + before[:-1]),
+        loss_fn_inputs={
+            "target_tokens": T.TensorData(data=prompt[1:] + before, dtype="int64"),
+            "weights": T.TensorData(data=[0.0] * (len(prompt) - 1) + [1.0] * len(before), dtype="float32"),
+        },
+    )
+    for _ in range(4):
+        training.forward_backward([other], "cross_entropy").result()
+        training.optim_step(T.AdamParams(learning_rate=5e-2)).result()
+    assert snapshot.sample(T.ModelInput.from_ints(prompt), 1, greedy).result().sequences[0].tokens == answer
+
+    # the same snapshot on the OpenAI endpoint, for carol's key only
+    endpoint = f"{server_url}/http/v1"
+    completion = openai.OpenAI(base_url=endpoint, api_key=carol_key, max_retries=0).completions.create(
+        model=f"{run}@4", prompt=prompt, max_tokens=len(answer), temperature=0
+    )
+    assert tokenizer.encode(completion.choices[0].text) == answer
+    dave_openai = openai.OpenAI(base_url=endpoint, api_key=dave_key, max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        dave_openai.completions.create(model=run, prompt=prompt, max_tokens=2)
+
+    dave = tinker.ServiceClient(base_url=server_url, api_key=dave_key)
+    path = training.save_weights_for_sampler("final").result().path
+    with pytest.raises(tinker.NotFoundError):
+        dave.create_sampling_client(model_path=path)
+    dave_rest = tinker.RestClient(base_url=server_url, api_key=dave_key)
+    assert training.model_id not in [
+        r.training_run_id for r in dave_rest.list_training_runs().result().training_runs
+    ]
+    carol.close()
+    dave.close()

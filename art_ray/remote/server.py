@@ -9,7 +9,7 @@ import collections
 import hmac
 import ipaddress
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pydantic
 from fastapi import FastAPI, Request
@@ -37,6 +37,9 @@ from art_ray.remote.protocol import (
     TrainSFTRequest,
     TrainStreamLine,
 )
+from art_ray.tinker.config import TinkerConfig
+from art_ray.tinker.service import RayTinkerService
+from art_ray.tinker.types import TINKER_VERBS, TinkerUserError
 from art_ray.train_result import TrainEvent, TrainResult
 
 if TYPE_CHECKING:
@@ -55,6 +58,8 @@ class TrainingServerConfig(pydantic.BaseModel):
     # the inference app the registered models are served by (started on the first register)
     inference_app_name: str = "art"
     inference_route_prefix: str = "/"
+    # the Tinker API in front of this server's backend (art_ray/tinker/); None: not served
+    tinker: TinkerConfig | None = None
 
 
 class AuthRequiredError(ArtRayError, ValueError):
@@ -123,6 +128,12 @@ class TrainingServer:
         self.train_locks: dict[str, asyncio.Lock] = {}
         self.register_lock = asyncio.Lock()
         self.in_flight: collections.Counter[str] = collections.Counter()
+        tinker = self.config.tinker
+        self.tinker = (
+            RayTinkerService(self.backend, tinker.base_models, tinker.run_config)
+            if tinker is not None
+            else None
+        )
 
     async def _call(
         self,
@@ -326,6 +337,15 @@ class TrainingServer:
 
         return await self._call(request, DeleteRunRequest, handle)
 
+    async def tinker_call(self, verb: str, *args: Any) -> Any:
+        """A TinkerService verb on this replica's backend, for the Tinker front (art_ray/tinker/server.py),
+        so Tinker runs share the trainers and engines of the runs registered here."""
+        if self.tinker is None or verb not in TINKER_VERBS:
+            raise TinkerUserError(
+                "this training server does not serve the Tinker API: start it with --tinker"
+            )
+        return await getattr(self.tinker, verb)(*args)
+
     @app.get("/health")
     async def health(self) -> Response:
         return JSONResponse({"models": sorted(self.models)})
@@ -367,4 +387,9 @@ def start_training_server(
     listening = start_serve(host, port)  # a running Serve keeps the options it started with
     require_auth_off_localhost(listening[0], config.api_key)
     run_app(TrainingServer.bind(config.model_dump()), name=app_name, route_prefix=route_prefix)
+    if config.tinker is not None:
+        from art_ray.tinker.server import TinkerFront
+
+        front = TinkerFront.bind(config.tinker.model_dump(), app_name, config.api_key)
+        run_app(front, name=config.tinker.app_name, route_prefix=config.tinker.route_prefix)
     return proxy_url(*listening)
