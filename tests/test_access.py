@@ -136,3 +136,52 @@ async def test_a_run_keys_concurrent_requests_are_capped() -> None:
     release.set()
     assert (await first)[0] == 200
     assert (await request(app, "POST", "/v1/chat/completions", ALICE, chat("run-a")))[0] == 200
+
+
+async def test_the_training_servers_cap_counts_a_request_until_its_response_is_sent(
+    tmp_path, monkeypatch
+) -> None:
+    """The same cap on the training server (art_ray/remote/server.py): a key's request counts until its
+    response is sent, streams included (their BackgroundTask), and other keys are not held back."""
+    from fastapi.responses import JSONResponse
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    from art_ray.remote import server as training_server
+    from art_ray.remote.protocol import ModelRef
+
+    # the deployment's own class, under the ASGI wrapper serve.ingress puts around it; its keys are this
+    # test's table (the server reads the cluster's, from the registry)
+    deployment_class = training_server.TrainingServer.func_or_class.__mro__[1]
+
+    async def authorize(self, http_request) -> KeyGrant | None:  # noqa: ANN001
+        return table().grant_for(http_request.headers["authorization"].removeprefix("Bearer "))
+
+    monkeypatch.setattr(deployment_class, "_authorize", authorize)
+    server = deployment_class({"storage": str(tmp_path), "api_key": ADMIN})
+    release = asyncio.Event()
+
+    async def step(http_request):  # noqa: ANN001, ANN202
+        async def handle(body: ModelRef, grant: KeyGrant | None) -> JSONResponse:
+            if body.model == "slow":
+                await release.wait()
+            return JSONResponse({"step": 0})
+
+        return await server._call(http_request, ModelRef, handle)
+
+    app = Starlette(routes=[Route("/step", step, methods=["POST"])])
+    first = asyncio.create_task(request(app, "POST", "/step", ALICE, {"model": "slow"}))
+    await asyncio.sleep(0.2)
+    assert not first.done()
+    status, body = await request(app, "POST", "/step", ALICE, {"model": "run-a"})
+    assert (
+        status == 429
+        and body["error"]["type"] == "rate_limit_error"
+        and "'alice'" in body["error"]["message"]
+    )
+    assert (await request(app, "POST", "/step", BOB, {"model": "run-b"}))[0] == 200
+    assert (await request(app, "POST", "/step", ADMIN, {"model": "run-b"}))[0] == 200
+    release.set()
+    assert (await first)[0] == 200
+    assert (await request(app, "POST", "/step", ALICE, {"model": "run-a"}))[0] == 200
+    assert server.in_flight["alice"] == 0
