@@ -413,6 +413,15 @@ class RayBackend:
         await self._in_flight(model, trainer.publish_current())
         return trainer.step
 
+    async def save_state(self, model: TrainableModel, folder: str) -> None:
+        """The run's training state (adapter, optimizer, step) into `folder`, complete when this returns."""
+        await self._in_flight(model, self._trainer(model).save_state(folder))
+
+    async def load_state(self, model: TrainableModel, folder: str, optimizer: bool = True) -> int:
+        """A state `save_state` wrote into the run (its optimizer state too if `optimizer`); the step. The
+        new adapter is served from the next `save_for_sampler` on."""
+        return await self._in_flight(model, self._trainer(model).load_state(folder, optimizer))
+
     async def _in_flight(self, model: TrainableModel, call: Awaitable[Result]) -> Result:
         """Counted as in flight (an idle time-to-live never expires a run mid-call)."""
         self._in_call[model.name] += 1

@@ -37,6 +37,7 @@ from art_ray.tinker.types import (
     SampledTokens,
     SampleResult,
     SamplerWeights,
+    SavedState,
     TinkerModelInfo,
     TinkerModelSpec,
     TinkerUserError,
@@ -76,6 +77,7 @@ class FakeService:
         self.specs: list[TinkerModelSpec] = []
         self.samples: list[SampleCall] = []
         self.unloaded: list[str] = []
+        self.states: dict[tuple[str, str], SavedState] = {}
         self.hold_samples = False
 
     async def create_model(self, spec: TinkerModelSpec) -> TinkerModelInfo:
@@ -107,6 +109,27 @@ class FakeService:
     async def save_for_sampler(self, run: str) -> SamplerWeights:
         step = self.steps[run]
         return SamplerWeights(run=run, step=step, served_name=f"{run}@{step}")
+
+    async def save_state(self, run: str, name: str) -> SavedState:
+        spec = next(spec for spec in self.specs if spec.run == run)
+        state = SavedState(
+            run=run,
+            name=name,
+            step=self.steps[run],
+            base_model=spec.base_model,
+            lora_rank=spec.lora_rank,
+            owner=spec.owner,
+        )
+        self.states[(run, name)] = state
+        return state
+
+    async def saved_state(self, run: str, name: str) -> SavedState | None:
+        return self.states.get((run, name))
+
+    async def load_state(self, run: str, state: SavedState, optimizer: bool) -> int:
+        self.steps[run] = state.step
+        self.events[run].append(f"load {state.run}/{state.name} optimizer={optimizer}")
+        return state.step
 
     async def sample(self, call: SampleCall) -> SampleResult:
         while self.hold_samples:
@@ -331,8 +354,8 @@ def test_bad_requests_fail_at_once_with_what_to_change(server: Server, alice: ti
         training.forward_backward([datum([1, 2, 3])], "importance_sampling").result()
     with pytest.raises(tinker.RequestFailedError, match="art-ray's optimizer is Adam"):
         training.optim_step(T.DimuonParams(learning_rate=0.1)).result()
-    with pytest.raises(tinker.RequestFailedError, match="training state"):
-        training.save_state("checkpoint").result()
+    with pytest.raises(tinker.RequestFailedError, match="checkpoint name 'a/b'"):
+        training.save_state("a/b").result()
     # the refused requests took their turns: the next one runs
     assert training.forward_backward([datum([1, 2, 3])], "cross_entropy").result().metrics == {
         "loss:sum": 1.0
@@ -552,3 +575,34 @@ async def test_a_closed_lane_fails_its_waiting_requests() -> None:
     with pytest.raises(TinkerUserError, match="seq_id 1 was already used"):
         await lane.run(1, lambda: step(1))
     assert finished == [1]
+
+
+def test_training_state_is_saved_loaded_and_made_into_new_clients_by_its_owner_only(
+    server: Server, alice: tinker.ServiceClient
+) -> None:
+    training = alice.create_lora_training_client(BASE, rank=16).result()
+    run = training.model_id.replace(":", "-")
+    training.optim_step(T.AdamParams()).result()
+    path = training.save_state("after-one").result().path
+    assert path == f"tinker://{training.model_id}/weights/after-one"
+    training.optim_step(T.AdamParams()).result()
+    training.load_state(path).result()
+    training.load_state_with_optimizer(path).result()
+    assert server.service.events[run][-2:] == [
+        f"load {run}/after-one optimizer=False",
+        f"load {run}/after-one optimizer=True",
+    ]
+    copy = alice.create_training_client_from_state_with_optimizer(path).result()
+    assert copy.model_id != training.model_id and copy.get_info().lora_rank == 16
+    copied = copy.model_id.replace(":", "-")
+    assert server.service.events[copied] == [f"load {run}/after-one optimizer=True"]
+    rest = tinker.RestClient(base_url=server.url, api_key=ALICE)
+    listed = rest.list_checkpoints(training.model_id).result().checkpoints
+    assert [(c.checkpoint_type, c.tinker_path) for c in listed] == [("training", path)]
+
+    bob = server.client(BOB)  # another key: the state is not there for it
+    with pytest.raises(tinker.NotFoundError):
+        bob.create_training_client_from_state(path).result()
+    with pytest.raises(tinker.NotFoundError):
+        bob.create_training_client_from_state(f"tinker://{training.model_id}/weights/never-saved").result()
+    bob.close("success").result(timeout=10)

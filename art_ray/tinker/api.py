@@ -39,6 +39,7 @@ from art_ray.tinker.types import (
     AdamStep,
     ForwardBackwardCall,
     SampleCall,
+    SavedState,
     TinkerModelInfo,
     TinkerModelSpec,
     TinkerService,
@@ -69,9 +70,9 @@ CLIENT_CONFIG = sdk.ClientConfigResponse(
     custom_loss_server_side=False,
     sample_join_sampling_session=False,
 )
-UNSERVED_TRAINING_STATE = (
-    "training state (save_state, load_state, create_training_client_from_state, save_weights_external) "
-    "is not kept by art-ray's Tinker API: save_weights_for_sampler and sampling clients are"
+UNSERVED_EXTERNAL_WEIGHTS = (
+    "save_weights_external is not served by art-ray's Tinker API: save_state keeps the training state, "
+    "save_weights_for_sampler the weights to sample"
 )
 
 
@@ -83,6 +84,17 @@ def run_name(model_id: str) -> str:
 
 def sampler_weights_path(model_id: str, name: str) -> str:
     return f"{TINKER_PATH_PREFIX}{model_id}/sampler_weights/{name}"
+
+
+def weights_path(model_id: str, name: str) -> str:
+    """Where save_state keeps a training state (adapter, optimizer state, step)."""
+    return f"{TINKER_PATH_PREFIX}{model_id}/weights/{name}"
+
+
+def _checkpoint_name(name: str | None) -> str:
+    if not name or "/" in name:
+        raise TinkerUserError(f"checkpoint name {name!r}: give a non-empty name without '/'")
+    return name
 
 
 def _now() -> datetime:
@@ -145,6 +157,7 @@ class _Model:
     ended: bool = False
     last_request_time: datetime = field(default_factory=_now)
     checkpoints: dict[str, _Checkpoint] = field(default_factory=dict)
+    states: dict[str, _Checkpoint] = field(default_factory=dict)  # save_state's, by name
 
     @property
     def run(self) -> str:
@@ -299,7 +312,13 @@ class _Front:
 
     # --- models
 
-    def create_model(self, body: bodies.CreateModel, caller: Principal) -> sdk.UntypedAPIFuture:
+    def create_model(
+        self,
+        body: bodies.CreateModel,
+        caller: Principal,
+        loaded: Callable[[_Model], Awaitable[FutureResult]] | None = None,
+    ) -> sdk.UntypedAPIFuture:
+        """The model's future: made, then (create_training_client_from_state) `loaded(model)`'s answer."""
         session = self.session(body.session_id, caller)
         model_id = f"{session.session_id}:train:{body.model_seq_id}"
         model = self.models.get(model_id)
@@ -315,8 +334,12 @@ class _Front:
                 user_metadata={key: str(value) for key, value in (body.user_metadata or {}).items()},
             )
             session.model_ids.append(model_id)
-            work = self._make_model(model, lora.seed, body.optimizer_config.type)
-            model.create_request_id = self.futures.submit(model.owner, self.released(caller, work))
+
+            async def work() -> FutureResult:
+                made = await self._make_model(model, lora.seed, body.optimizer_config.type)
+                return made if loaded is None else await loaded(model)
+
+            model.create_request_id = self.futures.submit(model.owner, self.released(caller, work()))
         return sdk.UntypedAPIFuture(request_id=model.create_request_id, model_id=model_id)
 
     async def _make_model(self, model: _Model, seed: int | None, optimizer: str) -> sdk.CreateModelResponse:
@@ -403,9 +426,7 @@ class _Front:
     ) -> sdk.SaveWeightsForSamplerResponseInternal:
         """Named: a checkpoint at tinker://<model_id>/sampler_weights/<name>. Unnamed (what
         save_weights_and_get_sampling_client sends): a sampling session on this snapshot."""
-        name = body.path
-        if name is not None and (not name or "/" in name):
-            raise TinkerUserError(f"checkpoint name {name!r}: give a non-empty name without '/'")
+        name = _checkpoint_name(body.path) if body.path is not None else None
         weights = await self.service.save_for_sampler(model.run)
         if name is not None:
             model.checkpoints[name] = _Checkpoint(name, weights.served_name, _now())
@@ -420,6 +441,54 @@ class _Front:
         return sdk.SaveWeightsForSamplerResponseInternal(
             sampling_session_id=sampler_id, type="save_weights_for_sampler"
         )
+
+    # --- training state (save_state / load_state / create_training_client_from_state)
+
+    async def save_state(self, model: _Model, body: bodies.SaveWeights) -> sdk.SaveWeightsResponse:
+        name = _checkpoint_name(body.path)
+        await self.service.save_state(model.run, name)
+        model.states[name] = _Checkpoint(name, "", _now())
+        return sdk.SaveWeightsResponse(path=weights_path(model.model_id, name), type="save_weights")
+
+    async def saved_state(self, path: str, caller: Principal) -> SavedState:
+        """What `path` (tinker://<model_id>/weights/<name>) holds, if the caller may load it: also after
+        its model ended, for the key that made it."""
+        model_id, _, rest = path.removeprefix(TINKER_PATH_PREFIX).partition("/")
+        kind, _, name = rest.partition("/")
+        if not path.startswith(TINKER_PATH_PREFIX) or kind != "weights" or not name or "/" in name:
+            raise HTTPException(
+                404, f"no training state at {path!r}: expected tinker://<model_id>/weights/<name>"
+            )
+        state = await self.service.saved_state(run_name(model_id), name)
+        if state is None or not caller.sees(state.owner):
+            raise HTTPException(404, f"no training state at {path!r}")
+        return state
+
+    async def load_state(
+        self, model: _Model, state: SavedState, body: bodies.LoadWeights
+    ) -> sdk.LoadWeightsResponse:
+        await self.service.load_state(model.run, state, body.optimizer)
+        return sdk.LoadWeightsResponse(path=body.path, model_id=model.model_id, type="load_weights")
+
+    def create_from_state(
+        self, body: bodies.LoadWeights, state: SavedState, caller: Principal
+    ) -> sdk.UntypedAPIFuture:
+        """A new model (the session's `model_seq_id`) of the state's shape, with the state loaded."""
+        if body.session_id is None or body.model_seq_id is None:
+            raise HTTPException(422, "load_weights needs model_id and seq_id, or session_id and model_seq_id")
+        if body.base_model not in (None, state.base_model):
+            raise HTTPException(
+                422, f"the state at {body.path!r} is of {state.base_model}, not {body.base_model}"
+            )
+        create = bodies.CreateModel(
+            session_id=body.session_id,
+            model_seq_id=body.model_seq_id,
+            base_model=state.base_model,
+            lora_config=bodies.LoraConfig(rank=state.lora_rank),
+            user_metadata=body.user_metadata,
+            optimizer_config=body.optimizer_config or bodies.OptimizerConfig(),
+        )
+        return self.create_model(create, caller, loaded=partial(self.load_state, state=state, body=body))
 
     # --- sampling
 
@@ -544,6 +613,14 @@ class _Front:
             checkpoint_type="sampler",
             time=checkpoint.time,
             tinker_path=sampler_weights_path(model.model_id, checkpoint.name),
+        )
+
+    def listed_state(self, model: _Model, state: _Checkpoint) -> sdk.Checkpoint:
+        return sdk.Checkpoint(
+            checkpoint_id=f"weights/{state.name}",
+            checkpoint_type="training",
+            time=state.time,
+            tinker_path=weights_path(model.model_id, state.name),
         )
 
 
@@ -671,15 +748,26 @@ def tinker_app(
         return _json(front.in_turn(model, body.seq_id, partial(front.save_for_sampler, model, body)))
 
     @app.post("/save_weights")
-    @app.post("/save_weights_external")
-    @app.post("/load_weights")
-    async def training_state(body: bodies.TrainingStateRequest, caller: Caller) -> Response:
-        """Refused as a failed future: the legacy forms in their model's turn, so the requests after them
-        do not wait for a seq_id that never runs."""
-        if body.model_id is None or body.seq_id is None:  # create_training_client_from_state: no model yet
-            return _json(front.refused(caller.name, UNSERVED_TRAINING_STATE))
+    async def save_weights(body: bodies.SaveWeights, caller: Caller) -> Response:
         model = front.model(body.model_id, caller)
-        return _json(front.in_turn(model, body.seq_id, partial(_refuse, UNSERVED_TRAINING_STATE)))
+        return _json(front.in_turn(model, body.seq_id, partial(front.save_state, model, body)))
+
+    @app.post("/load_weights")
+    async def load_weights(body: bodies.LoadWeights, caller: Caller) -> Response:
+        state = await front.saved_state(body.path, caller)
+        if body.model_id is None or body.seq_id is None:  # create_training_client_from_state
+            return _json(front.create_from_state(body, state, caller))
+        model = front.model(body.model_id, caller)
+        return _json(front.in_turn(model, body.seq_id, partial(front.load_state, model, state, body)))
+
+    @app.post("/save_weights_external")
+    async def save_weights_external(body: bodies.ExternalWeights, caller: Caller) -> Response:
+        """Refused as a failed future, in its model's turn, so the requests after it do not wait for a
+        seq_id that never runs."""
+        if body.model_id is None or body.seq_id is None:
+            return _json(front.refused(caller.name, UNSERVED_EXTERNAL_WEIGHTS))
+        model = front.model(body.model_id, caller)
+        return _json(front.in_turn(model, body.seq_id, partial(_refuse, UNSERVED_EXTERNAL_WEIGHTS)))
 
     @app.post("/create_sampling_session")
     async def create_sampling_session(body: bodies.CreateSamplingSession, caller: Caller) -> Response:
@@ -718,6 +806,7 @@ def tinker_app(
     async def checkpoints(model_id: str, caller: Caller) -> Response:
         model, _ = front.created_model(model_id, caller)
         listed = [front.listed_checkpoint(model, checkpoint) for checkpoint in model.checkpoints.values()]
+        listed += [front.listed_state(model, state) for state in model.states.values()]
         return _json(sdk.CheckpointsListResponse(checkpoints=listed))
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])

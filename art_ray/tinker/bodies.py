@@ -56,9 +56,31 @@ class SaveWeightsForSampler(Body):
     sampling_session_seq_id: int | None = None
 
 
-class TrainingStateRequest(Body):
-    """save_weights, save_weights_external and load_weights: training state, which is not served. The
-    legacy forms name a model and its seq_id; create_training_client_from_state a session instead."""
+class SaveWeights(Body):
+    """save_state: the training state under a name, at tinker://<model_id>/weights/<name>."""
+
+    model_id: str
+    seq_id: int
+    path: str | None = None
+
+
+class LoadWeights(Body):
+    """load_state (a model and its seq_id), or create_training_client_from_state (a session and the new
+    model's seq id: the request makes the model)."""
+
+    path: str
+    optimizer: bool = False
+    model_id: str | None = None
+    seq_id: int | None = None
+    session_id: str | None = None
+    model_seq_id: int | None = pydantic.Field(default=None, ge=0)
+    base_model: str | None = None
+    user_metadata: dict[str, Any] | None = None
+    optimizer_config: OptimizerConfig | None = None
+
+
+class ExternalWeights(Body):
+    """save_weights_external, which is not served."""
 
     model_id: str | None = None
     seq_id: int | None = None

@@ -24,6 +24,7 @@ from art_ray.tinker.types import (
     SampleCall,
     SampleResult,
     SamplerWeights,
+    SavedState,
     TinkerModelInfo,
     TinkerModelSpec,
     TinkerUserError,
@@ -57,6 +58,15 @@ class TrainingServerWork:
 
     async def save_for_sampler(self, run: str) -> SamplerWeights:
         return await self._call("save_for_sampler", run)
+
+    async def save_state(self, run: str, name: str) -> SavedState:
+        return await self._call("save_state", run, name)
+
+    async def saved_state(self, run: str, name: str) -> SavedState | None:
+        return await self._call("saved_state", run, name)
+
+    async def load_state(self, run: str, state: SavedState, optimizer: bool) -> int:
+        return await self._call("load_state", run, state, optimizer)
 
     async def sample(self, call: SampleCall) -> SampleResult:
         return await self._call("sample", call)

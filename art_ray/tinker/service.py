@@ -9,6 +9,7 @@ import math
 
 import openai
 
+from art_ray import storage
 from art_ray.adapters.spec import LoRASpec, versioned_name
 from art_ray.backend import RayBackend
 from art_ray.errors import BackendError
@@ -24,12 +25,16 @@ from art_ray.tinker.types import (
     SampledTokens,
     SampleResult,
     SamplerWeights,
+    SavedState,
     TinkerModelInfo,
     TinkerModelSpec,
     TinkerUserError,
 )
+from art_ray.trainer.config import model_dir
 
 PROJECT = "tinker"
+# written into a saved state's folder once the state is complete: what it is and who may load it
+STATE_INFO = "tinker_state.json"
 
 
 class RayTinkerService:
@@ -88,6 +93,39 @@ class RayTinkerService:
     async def save_for_sampler(self, run: str) -> SamplerWeights:
         step = await self.backend.save_for_sampler(self._model(run))
         return SamplerWeights(run=run, step=step, served_name=versioned_name(run, step))
+
+    def _state_folder(self, run: str, name: str) -> str:
+        return f"{model_dir(self.backend.storage, PROJECT, run)}/states/{name}"
+
+    async def save_state(self, run: str, name: str) -> SavedState:
+        model = self._model(run)
+        folder = self._state_folder(run, name)
+        await self.backend.save_state(model, folder)
+        state = SavedState(
+            run=run,
+            name=name,
+            step=await self.backend.get_step(model),
+            base_model=model.base_model,
+            lora_rank=model.config.lora.r,
+            owner=model.config.owner,
+        )
+        storage.write_text(f"{folder}/{STATE_INFO}", state.model_dump_json())  # last: the state is whole
+        return state
+
+    async def saved_state(self, run: str, name: str) -> SavedState | None:
+        info = f"{self._state_folder(run, name)}/{STATE_INFO}"
+        if not storage.exists(info):
+            return None
+        return SavedState.model_validate_json(storage.read_text(info))
+
+    async def load_state(self, run: str, state: SavedState, optimizer: bool) -> int:
+        model = self._model(run)
+        if (state.base_model, state.lora_rank) != (model.base_model, model.config.lora.r):
+            raise TinkerUserError(
+                f"the state {state.name!r} is of a rank-{state.lora_rank} LoRA on {state.base_model}; this "
+                f"model is a rank-{model.config.lora.r} LoRA on {model.base_model}"
+            )
+        return await self.backend.load_state(model, self._state_folder(state.run, state.name), optimizer)
 
     async def sample(self, call: SampleCall) -> SampleResult:
         """Through the OpenAI endpoint's completions route, with token ids in and out."""

@@ -96,6 +96,18 @@ class SamplerWeights(pydantic.BaseModel):
     served_name: str
 
 
+class SavedState(pydantic.BaseModel):
+    """A run's training state saved under a name (`save_state`): what `create_training_client_from_state`
+    needs to make a run like it, and who may load it."""
+
+    run: str
+    name: str
+    step: int
+    base_model: str
+    lora_rank: int
+    owner: str | None = None
+
+
 class SampleCall(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
 
@@ -123,7 +135,17 @@ class SampleResult(pydantic.BaseModel):
     prompt_logprobs: list[float | None] | None = None
 
 
-TINKER_VERBS = ("create_model", "forward_backward", "optim_step", "save_for_sampler", "sample", "unload")
+TINKER_VERBS = (
+    "create_model",
+    "forward_backward",
+    "optim_step",
+    "save_for_sampler",
+    "save_state",
+    "saved_state",
+    "load_state",
+    "sample",
+    "unload",
+)
 
 
 class TinkerService(Protocol):
@@ -138,6 +160,18 @@ class TinkerService(Protocol):
     async def optim_step(self, run: str, step: AdamStep) -> dict[str, float]: ...
 
     async def save_for_sampler(self, run: str) -> SamplerWeights: ...
+
+    async def save_state(self, run: str, name: str) -> SavedState:
+        """The run's adapter, optimizer state and step under `name` (replacing a state of that name)."""
+        ...
+
+    async def saved_state(self, run: str, name: str) -> SavedState | None:
+        """What `save_state(run, name)` saved, also after the run ended; None if nothing was."""
+        ...
+
+    async def load_state(self, run: str, state: SavedState, optimizer: bool) -> int:
+        """A saved state into `run` (its optimizer state too if `optimizer`); the run's step."""
+        ...
 
     async def sample(self, call: SampleCall) -> SampleResult: ...
 

@@ -35,7 +35,12 @@ class TrainerConfig(pydantic.BaseModel):
         return validate_model_name(value)
 
     def model_dir(self) -> str:
-        return f"{self.storage.rstrip('/')}/{self.project}/models/{self.model}"
+        return model_dir(self.storage, self.project, self.model)
 
     def checkpoint_dir(self, step: int) -> str:
         return f"{self.model_dir()}/checkpoints/{step:04d}"
+
+
+def model_dir(storage: str, project: str, model: str) -> str:
+    """`{storage}/{project}/models/{model}`: a run's checkpoints, trajectories and saved states."""
+    return f"{storage.rstrip('/')}/{project}/models/{model}"

@@ -344,6 +344,26 @@ class TrainerGroup:
             self.step = await self.workers[0].get_step.remote(self.run)
         return metrics[0]
 
+    async def save_state(self, folder: str) -> None:
+        """The run's full training state (adapter, optimizer, step, RNG) into `folder`; returns once it is
+        complete on storage."""
+        async with self.ranks.turn(self.run):
+            await self.wait_for_checkpoint()
+            saved = [worker.save_checkpoint.remote(self.run, folder) for worker in self.workers]
+            written = [
+                worker.checkpoint_written.remote(ref) for worker, ref in zip(self.workers, saved, strict=True)
+            ]
+        await self.workers[0].mark_checkpoint_complete.remote(folder, self.step, *written)
+
+    async def load_state(self, folder: str, optimizer: bool) -> int:
+        """A saved state into the run (without its optimizer state unless `optimizer`); the run's step."""
+        async with self.ranks.turn(self.run):
+            steps = await asyncio.gather(
+                *(worker.load_checkpoint.remote(self.run, folder, optimizer) for worker in self.workers)
+            )
+        self.step = steps[0]
+        return self.step
+
     @staticmethod
     async def _tinker_call(calls: list[ray.ObjectRef]) -> list[Any]:
         try:

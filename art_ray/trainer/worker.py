@@ -628,14 +628,16 @@ class TrainerWorker:
         them (and maybe while the next step trains: the step is the checkpoint's, not the rank's now)."""
         storage.write_text(f"{folder}/{STATE_FILE}", json.dumps({"step": step, "saved_at": time.time()}))
 
-    def load_checkpoint(self, run: str, folder: str) -> int:
+    def load_checkpoint(self, run: str, folder: str, optimizer: bool = True) -> int:
+        """The checkpoint's adapter, step and RNG into `run`, and its optimizer state unless `optimizer` is
+        False (then the run's own stays); the step."""
         import torch
 
         self._live(run)
         with tempfile.TemporaryDirectory() as staging:
             local = folder if "://" not in folder else str(storage.download_dir(folder, Path(staging)))
             _, client_state = self.engine.load_checkpoint(
-                local, tag="deepspeed", load_module_strict=False, load_optimizer_states=True
+                local, tag="deepspeed", load_module_strict=False, load_optimizer_states=optimizer
             )
         step = int(client_state[CLIENT_STATE_STEP])
         self._runs.set_step(run, step)
