@@ -411,10 +411,10 @@ def test_the_tinker_sdk_trains_samples_and_sees_only_its_own_runs(server_url) ->
     carol = tinker.ServiceClient(base_url=server_url, api_key=carol_key)
     started = time.monotonic()
     with pytest.raises(tinker.RequestFailedError, match="is not served here"):  # at once, not retried
-        carol.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=8)
+        carol.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=8).result()
     assert time.monotonic() - started < 30
 
-    training = carol.create_lora_training_client(base_model="tiny", rank=8)
+    training = carol.create_lora_training_client(base_model="tiny", rank=8).result()
     run = training.model_id.replace(":", "-")
     tokenizer = training.get_tokenizer()  # get_info's tokenizer_id: the local folder, offline
     prompt = tokenizer.encode("Name a color:")
@@ -427,7 +427,7 @@ def test_the_tinker_sdk_trains_samples_and_sees_only_its_own_runs(server_url) ->
         },
     )
     greedy = T.SamplingParams(max_tokens=len(answer), temperature=0.0)
-    base = carol.create_sampling_client(base_model="tiny")
+    base = carol.create_sampling_client(base_model="tiny").result()
     before = base.sample(T.ModelInput.from_ints(prompt), 1, greedy).result().sequences[0].tokens
 
     losses = []
@@ -437,10 +437,11 @@ def test_the_tinker_sdk_trains_samples_and_sees_only_its_own_runs(server_url) ->
         losses.append(backward.result().metrics["loss:sum"])
         stepped.result()
     assert losses[-1] < losses[0] / 2, losses
-    snapshot = training.save_weights_and_get_sampling_client()
+    snapshot = training.save_weights_and_get_sampling_client().result()
     trained = snapshot.sample(T.ModelInput.from_ints(prompt), 2, greedy).result()
     assert trained.sequences[0].tokens == answer != before
     assert all(lp <= 0 for lp in trained.sequences[0].logprobs)
+    state = training.save_state("taught").result().path  # adapter, optimizer state, step
 
     # the run moves on; the sampling client stays on its snapshot
     other = T.Datum(
@@ -465,10 +466,18 @@ def test_the_tinker_sdk_trains_samples_and_sees_only_its_own_runs(server_url) ->
     with pytest.raises(openai.NotFoundError):
         dave_openai.completions.create(model=run, prompt=prompt, max_tokens=2)
 
+    # a new training client from the saved state answers as the run did then
+    copy = carol.create_training_client_from_state_with_optimizer(state).result()
+    assert copy.get_info().lora_rank == 8
+    copied = copy.save_weights_and_get_sampling_client().result()
+    assert copied.sample(T.ModelInput.from_ints(prompt), 1, greedy).result().sequences[0].tokens == answer
+
     dave = tinker.ServiceClient(base_url=server_url, api_key=dave_key)
     path = training.save_weights_for_sampler("final").result().path
     with pytest.raises(tinker.NotFoundError):
-        dave.create_sampling_client(model_path=path)
+        dave.create_sampling_client(model_path=path).result()
+    with pytest.raises(tinker.NotFoundError):
+        dave.create_training_client_from_state(state).result()
     dave_rest = tinker.RestClient(base_url=server_url, api_key=dave_key)
     assert training.model_id not in [
         r.training_run_id for r in dave_rest.list_training_runs().result().training_runs

@@ -91,6 +91,15 @@ def weights_path(model_id: str, name: str) -> str:
     return f"{TINKER_PATH_PREFIX}{model_id}/weights/{name}"
 
 
+def _checkpoint_path(path: str, kind: str) -> tuple[str, str]:
+    """(model_id, name) of `tinker://<model_id>/<kind>/<name>`; a 404 for any other path."""
+    model_id, _, rest = path.removeprefix(TINKER_PATH_PREFIX).partition("/")
+    found, _, name = rest.partition("/")
+    if not path.startswith(TINKER_PATH_PREFIX) or found != kind or not model_id or not name or "/" in name:
+        raise HTTPException(404, f"nothing at {path!r}: expected tinker://<model_id>/{kind}/<name>")
+    return model_id, name
+
+
 def _checkpoint_name(name: str | None) -> str:
     if not name or "/" in name:
         raise TinkerUserError(f"checkpoint name {name!r}: give a non-empty name without '/'")
@@ -219,12 +228,7 @@ class _Front:
         return sampler
 
     def checkpoint(self, path: str, caller: Principal) -> tuple[_Model, _Checkpoint]:
-        model_id, _, rest = path.removeprefix(TINKER_PATH_PREFIX).partition("/")
-        kind, _, name = rest.partition("/")
-        if not path.startswith(TINKER_PATH_PREFIX) or kind != "sampler_weights":
-            raise HTTPException(
-                404, f"no sampler weights at {path!r}: expected tinker://<model_id>/sampler_weights/<name>"
-            )
+        model_id, name = _checkpoint_path(path, "sampler_weights")
         model = self.model(model_id, caller)
         checkpoint = model.checkpoints.get(name)
         if checkpoint is None:
@@ -453,12 +457,7 @@ class _Front:
     async def saved_state(self, path: str, caller: Principal) -> SavedState:
         """What `path` (tinker://<model_id>/weights/<name>) holds, if the caller may load it: also after
         its model ended, for the key that made it."""
-        model_id, _, rest = path.removeprefix(TINKER_PATH_PREFIX).partition("/")
-        kind, _, name = rest.partition("/")
-        if not path.startswith(TINKER_PATH_PREFIX) or kind != "weights" or not name or "/" in name:
-            raise HTTPException(
-                404, f"no training state at {path!r}: expected tinker://<model_id>/weights/<name>"
-            )
+        model_id, name = _checkpoint_path(path, "weights")
         state = await self.service.saved_state(run_name(model_id), name)
         if state is None or not caller.sees(state.owner):
             raise HTTPException(404, f"no training state at {path!r}")
