@@ -47,6 +47,7 @@ class RayTinkerService:
         self.run_config = run_config
         self.models: dict[str, TrainableModel] = {}
         self._register_lock = asyncio.Lock()
+        self._client: openai.AsyncOpenAI | None = None
 
     def _model(self, run: str) -> TrainableModel:
         model = self.models.get(run)
@@ -130,18 +131,15 @@ class RayTinkerService:
     async def sample(self, call: SampleCall) -> SampleResult:
         """Through the OpenAI endpoint's completions route, with token ids in and out."""
         model = BASE_MODEL_NAME if call.model in self.base_models else call.model
-        extra: dict[str, object] = {"return_tokens_as_token_ids": True, "top_k": call.top_k}
+        extra: dict[str, object] = {"return_token_ids": True, "top_k": call.top_k}
         if call.prompt_logprobs:
             extra["prompt_logprobs"] = 0
         if call.stop == []:  # Tinker's "no stop at all, not even EOS": until max_tokens
             extra["ignore_eos"] = True
         elif call.stop and isinstance(call.stop[0], int):
             extra["stop_token_ids"] = call.stop
-        client = openai.AsyncOpenAI(
-            base_url=f"{self.backend.base_url}", api_key=self.backend.api_key or "unused", max_retries=0
-        )
         try:
-            completion = await client.completions.create(
+            completion = await self._endpoint().completions.create(
                 model=model,
                 prompt=call.prompt,
                 n=call.num_samples,
@@ -150,16 +148,14 @@ class RayTinkerService:
                 top_p=call.top_p,
                 seed=call.seed,
                 stop=[s for s in call.stop if isinstance(s, str)] if call.stop else None,
-                logprobs=1,
+                logprobs=0,  # the sampled token's own
                 extra_body=extra,
             )
         except openai.BadRequestError as error:
             raise TinkerUserError(f"the engine refused the sample request: {error.message}") from None
-        finally:
-            await client.close()
         sequences = [
             SampledTokens(
-                tokens=[_token_id(token) for token in choice.logprobs.tokens],
+                tokens=list(choice.token_ids),  # type: ignore[attr-defined]  # vLLM's return_token_ids
                 logprobs=[float(lp) for lp in choice.logprobs.token_logprobs],
                 stop_reason="length" if choice.finish_reason == "length" else "stop",
             )
@@ -173,15 +169,20 @@ class RayTinkerService:
             ]
         return SampleResult(sequences=sequences, prompt_logprobs=prompt_logprobs)
 
+    def _endpoint(self) -> openai.AsyncOpenAI:
+        """The OpenAI endpoint of the backend's engines, with its admin key (one client, kept)."""
+        if self.backend.base_url is None:
+            raise TinkerUserError("no engine serves yet: the first training client starts them")
+        if self._client is None:
+            self._client = openai.AsyncOpenAI(
+                base_url=self.backend.base_url, api_key=self.backend.api_key or "unused", max_retries=0
+            )
+        return self._client
+
     async def unload(self, run: str) -> None:
         model = self.models.pop(run, None)
         if model is not None and self.backend.is_registered(run):
             await self.backend.delete_run(model)
-
-
-def _token_id(token: str) -> int:
-    """`token_id:123`, as vLLM writes a token with return_tokens_as_token_ids."""
-    return int(token.rpartition(":")[2])
 
 
 def _prompt_logprob(entry: dict | None, token: int) -> float | None:
