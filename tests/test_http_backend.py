@@ -40,6 +40,7 @@ from art_ray import (
     sampled_tokens,
 )
 from art_ray.cli import main as cli_main
+from art_ray.models import resolve_base_model
 from art_ray.remote.protocol import ModelSpec
 from art_ray.remote.server import (
     APP_NAME,
@@ -66,8 +67,10 @@ def server_url(ray_cluster, tmp_path_factory) -> Iterator[str]:
         api_key=API_KEY,
         inference_app_name="http",
         inference_route_prefix="/http",
+        # tinker-cookbook's recipes name the base model by the folder their tokenizer loads from offline
         tinker=TinkerConfig(
-            base_models=["tiny"], run_config=CONFIG.model_copy(update={"share_trainer": True})
+            base_models=["tiny", resolve_base_model("tiny")],
+            run_config=CONFIG.model_copy(update={"share_trainer": True}),
         ),
     )
     yield start_training_server(config, port=free_port())
@@ -484,3 +487,47 @@ def test_the_tinker_sdk_trains_samples_and_sees_only_its_own_runs(server_url) ->
     ]
     carol.close()
     dave.close()
+
+
+def test_tinker_cookbooks_supervised_loop_lowers_its_loss_on_the_server(server_url, tmp_path) -> None:
+    """tinker-cookbook's chat_sl recipe, unchanged, against the server (offline: the base model named by
+    its local folder, as the recipe loads its tokenizer from that name)."""
+    import tinker_cookbook
+
+    from art_ray import keys
+    from art_ray.access import KeyGrant
+
+    key = asyncio.run(keys.create_key(KeyGrant(name="tinker-cookbook"), prefix="tml-"))
+    dataset = Path(tinker_cookbook.__file__).parent / "example_data" / "conversations.jsonl"
+    log_path = tmp_path / "chat_sl"
+    environment = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TINKER_API_KEY": key,
+        "TINKER_TELEMETRY": "0",
+        "WANDB_MODE": "disabled",
+    }
+    recipe = [
+        sys.executable,
+        "-m",
+        "tinker_cookbook.recipes.chat_sl.train",
+        f"base_url={server_url}",
+        f"model_name={resolve_base_model('tiny')}",
+        "renderer_name=qwen3_instruct",  # SmolLM2's ChatML
+        f"dataset={dataset}",
+        "batch_size=8",
+        "lora_rank=8",
+        "learning_rate=1e-3",
+        "max_length=256",
+        "max_steps=4",
+        "save_every=0",
+        "eval_every=0",
+        f"log_path={log_path}",
+        "behavior_if_log_dir_exists=delete",
+    ]
+    completed = subprocess.run(recipe, env=environment, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-4000:]
+    metrics = [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
+    nll = [step["train_mean_nll"] for step in metrics if "train_mean_nll" in step]
+    assert len(nll) == 4 and nll[-1] < nll[0] - 0.1, nll
