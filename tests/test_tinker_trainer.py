@@ -36,23 +36,21 @@ CONVERSATIONS = [
 
 
 def tinker_data(tokenizer, conversations) -> list[LossDatum]:
-    """Each conversation as a Tinker datum with SFT's weights: the assistant tokens, each trajectory
-    weighing the same (1 / its trained tokens / the trajectories)."""
+    """Each conversation as a Tinker datum with SFT's weights: its assistant tokens, every trained token of
+    the step weighing the same (1 / the step's trained tokens)."""
     per_trajectory, _ = sft_sequences(
         [Trajectory(messages_and_choices=messages, reward=0.0) for messages in conversations], tokenizer
     )
-    data = []
-    for (sequence,) in per_trajectory:
-        trained = [float(t) for t in sequence.trainable[1:]]
-        share = 1.0 / sum(trained) / len(per_trajectory)
-        data.append(
-            LossDatum(
-                tokens=sequence.input_ids[:-1],
-                target_tokens=sequence.input_ids[1:],
-                weights=[t * share for t in trained],
-            )
+    sequences = [sequence for own in per_trajectory for sequence in own]
+    total = sum(sum(sequence.trainable[1:]) for sequence in sequences)
+    return [
+        LossDatum(
+            tokens=sequence.input_ids[:-1],
+            target_tokens=sequence.input_ids[1:],
+            weights=[float(trained) / total for trained in sequence.trainable[1:]],
         )
-    return data
+        for sequence in sequences
+    ]
 
 
 def test_cross_entropy_is_the_sft_step_and_gradients_add_up_until_optim_step(inference_app, tmp_path) -> None:
