@@ -56,15 +56,17 @@ def covered(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def steps_args(args: argparse.Namespace) -> list[str]:
+    """Every run makes --fixed-steps steps, or trains to --threshold in at most --max-steps."""
+    if args.fixed_steps is not None:
+        return ["--steps", str(args.fixed_steps)]
+    return ["--steps", str(args.max_steps), "--stop-at-exact", str(args.threshold)]
+
+
 def demo_args(args: argparse.Namespace, seed: int, extra: list[str] | None = None):  # noqa: ANN201
     import train  # examples/one_word/train.py
 
-    return train.parse_args(
-        [
-            "--model", args.model, "--seed", str(seed), "--steps", str(args.max_steps),
-            "--stop-at-exact", str(args.threshold), *(extra or []),
-        ]
-    )  # fmt: skip
+    return train.parse_args(["--model", args.model, "--seed", str(seed), *steps_args(args), *(extra or [])])
 
 
 async def shared_deployment(args: argparse.Namespace, concurrent: bool, storage: str) -> dict:
@@ -77,7 +79,9 @@ async def shared_deployment(args: argparse.Namespace, concurrent: bool, storage:
     backend = RayBackend(storage=storage, port=free_port())
     seeds = list(range(args.runs))
     step_samples = 4 * 8  # the demo's groups per step x group size
-    config = json.dumps({"share_trainer": True, "max_num_seqs": step_samples * args.runs})
+    config = json.dumps(
+        {"share_trainer": True, "max_num_seqs": step_samples * args.runs, "layout": args.layout}
+    )
     runs = {seed: demo_args(args, seed, ["--model-config", config]) for seed in seeds}
     models = {seed: train.demo_model(runs[seed], name=f"tenant-{seed}") for seed in seeds}
     phases: train.Phases = []
@@ -116,8 +120,7 @@ def scripts(args: argparse.Namespace, storage: str) -> dict:
     for seed in range(args.runs):
         command = [
             sys.executable, str(DEMO), "--model", args.model, "--seed", str(seed), "--name", f"script-{seed}",
-            "--steps", str(args.max_steps), "--stop-at-exact", str(args.threshold),
-            "--storage", f"{storage}/{seed}", "--port", str(free_port()),
+            *steps_args(args), "--storage", f"{storage}/{seed}", "--port", str(free_port()),
         ]  # fmt: skip
         completed = subprocess.run(command, capture_output=True, text=True, timeout=1800)
         if completed.returncode != 0:
@@ -169,9 +172,10 @@ def run_way(way: str, args: argparse.Namespace) -> dict:
 
 
 def forwarded(args: argparse.Namespace) -> list[str]:
+    fixed = ["--fixed-steps", str(args.fixed_steps)] if args.fixed_steps is not None else []
     return [
         "--runs", str(args.runs), "--model", args.model, "--threshold", str(args.threshold),
-        "--max-steps", str(args.max_steps),
+        "--max-steps", str(args.max_steps), "--layout", args.layout, *fixed,
     ]  # fmt: skip
 
 
@@ -183,6 +187,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--threshold", type=float, default=0.8, help="held-out exact rate a run trains to")
     parser.add_argument("--max-steps", type=int, default=12)
+    parser.add_argument(
+        "--fixed-steps",
+        type=int,
+        default=None,
+        help="every run makes exactly this many steps (no early stop): the ways' wall times then compare the "
+        "system, not how many steps each run's seed happened to need",
+    )
+    parser.add_argument(
+        "--layout",
+        choices=["auto", "colocated", "split"],
+        default="auto",
+        help="the shared deployment's layout (split: the engine samples one run while another trains); "
+        "the scripts way runs the demo as users do",
+    )
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between memory samples")
     parser.add_argument("--child", choices=WAYS, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -202,9 +220,13 @@ def main() -> None:
     for way, result in results.items():
         for run in result["runs"]:
             rows.append([way, run["seed"], run["steps"], run["baseline_exact"], run["final_exact"]])
+    goal = (
+        f"{args.fixed_steps} steps each"
+        if args.fixed_steps is not None
+        else f"each to held-out exact >= {args.threshold} (at most {args.max_steps} steps)"
+    )
     print_table(
-        f"{args.runs} one-word runs, each to held-out exact >= {args.threshold} "
-        f"(at most {args.max_steps} steps)",
+        f"{args.runs} one-word runs, {goal}, shared deployment layout {args.layout}",
         ["way", "seed", "steps", "held-out exact before", "after"],
         rows,
     )
