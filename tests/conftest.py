@@ -41,7 +41,14 @@ def ray_cluster():
     # Workers import functions defined in test modules (remote rollouts), as a job's working_dir would
     # let them: tests/ goes on their path, and the examples' helpers that bench/learning.py's rollouts use.
     examples = Path(__file__).parents[1] / "examples"
-    folders = [Path(__file__).parent, examples, examples / "code_math", examples / "email_agent"]
+    # the checkout under test first: workers import its art_ray, not an installed one
+    folders = [
+        Path(__file__).parents[1],
+        Path(__file__).parent,
+        examples,
+        examples / "code_math",
+        examples / "email_agent",
+    ]
     ray.init(
         address="local",
         num_cpus=4,

@@ -2,7 +2,7 @@
 
 - `name` means the latest version `name@step` this replica serves; `name@step` is fetched from the
   registry first if it was published but is not loaded here yet (vLLM answers 404 for a version nobody
-  has). An invalid name is a 400, the hidden base model a 404.
+  has). An invalid name is a 400; the base model is unlisted, and a 404 for run keys.
 - A generation request that names no `max_tokens` gets the app's `default_max_tokens`.
 - Generation requests default to `logprobs` and `return_token_ids`, so every choice carries its
   sampled token ids and logprobs; non-streaming choices also get `policy_version` (the step that sampled
@@ -110,7 +110,23 @@ class ModelRoutingMiddleware:
             message = "`model` is required: name the model as `name` or `name@step`"
             raise RequestRejected(400, message, "BadRequestError", "model")
         if model == BASE_MODEL_NAME:
-            raise RequestRejected(404, unknown_model(model), "NotFoundError", "model")
+            # unlisted, but the admin key may sample the base model itself (the Tinker API's base-model
+            # sampling clients); to a run key it does not exist
+            if caller.grant is not None:
+                raise RequestRejected(404, unknown_model(model), "NotFoundError", "model")
+        else:
+            await self._route_version(payload, model, caller)
+        if payload.get("max_tokens") is None and payload.get("max_completion_tokens") is None:
+            payload["max_tokens"] = self.default_max_tokens
+        payload.setdefault("return_token_ids", True)
+        if chat:
+            if payload.get("logprobs") is None:
+                payload["logprobs"] = True
+        elif payload.get("logprobs") is None:
+            payload["logprobs"] = 0
+
+    async def _route_version(self, payload: dict, model: str, caller: Caller) -> None:
+        """`name` to its latest served `name@step`; `name@step` fetched first if published elsewhere."""
         try:
             name, step = parse_versioned_name(model)
         except InvalidModelNameError as error:
@@ -124,14 +140,6 @@ class ModelRoutingMiddleware:
             payload["model"] = versioned_name(name, latest)
         else:
             await self.versions.ensure(name, step)  # if not: vLLM answers 404 for a version nobody has
-        if payload.get("max_tokens") is None and payload.get("max_completion_tokens") is None:
-            payload["max_tokens"] = self.default_max_tokens
-        payload.setdefault("return_token_ids", True)
-        if chat:
-            if payload.get("logprobs") is None:
-                payload["logprobs"] = True
-        elif payload.get("logprobs") is None:
-            payload["logprobs"] = 0
 
     def _rewrite_model_list(self, listing: dict, caller: Caller) -> dict:
         cards = [

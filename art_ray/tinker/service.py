@@ -131,6 +131,7 @@ class RayTinkerService:
     async def sample(self, call: SampleCall) -> SampleResult:
         """Through the OpenAI endpoint's completions route, with token ids in and out."""
         model = BASE_MODEL_NAME if call.model in self.base_models else call.model
+        greedy = call.temperature == 0
         extra: dict[str, object] = {"return_token_ids": True, "top_k": call.top_k}
         if call.prompt_logprobs:
             extra["prompt_logprobs"] = 0
@@ -142,7 +143,8 @@ class RayTinkerService:
             completion = await self._endpoint().completions.create(
                 model=model,
                 prompt=call.prompt,
-                n=call.num_samples,
+                # greedy sampling is one answer; vLLM refuses n > 1 for it
+                n=1 if greedy else call.num_samples,
                 max_tokens=call.max_tokens,
                 temperature=call.temperature,
                 top_p=call.top_p,
@@ -161,6 +163,8 @@ class RayTinkerService:
             )
             for choice in completion.choices
         ]
+        if greedy:
+            sequences *= call.num_samples
         prompt_logprobs = None
         if call.prompt_logprobs:
             scored = getattr(completion.choices[0], "prompt_logprobs", None) or []
