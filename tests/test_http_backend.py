@@ -520,7 +520,7 @@ def test_tinker_cookbooks_supervised_loop_lowers_its_loss_on_the_server(server_u
         f"dataset={dataset}",
         "batch_size=8",
         "lora_rank=8",
-        "learning_rate=1e-3",
+        "learning_rate=1e-2",
         "max_length=256",
         "max_steps=4",
         "save_every=0",
