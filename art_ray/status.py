@@ -8,6 +8,8 @@ import ray
 
 from art_ray.adapters.registry import INFERENCE_DEPLOYMENT, get_registry
 from art_ray.cluster_actors import NAMESPACE, get_cluster_actor
+from art_ray.tinker.config import TINKER_DEPLOYMENT
+from art_ray.tinker.types import TinkerRunStatus
 from art_ray.trainer.group import TRAINER_NAME_PREFIX
 from art_ray.trainer.runs import RunStatus
 
@@ -40,6 +42,7 @@ class ClusterStatus(pydantic.BaseModel):
     models: list[ModelStatus]
     apps: list[AppStatus]
     trainers: list[TrainerStatus] = pydantic.Field(default_factory=list)
+    tinker_runs: list[TinkerRunStatus] = pydantic.Field(default_factory=list)
 
 
 def cluster_status(timeout_s: float = 30.0) -> ClusterStatus:
@@ -65,7 +68,11 @@ def cluster_status(timeout_s: float = 30.0) -> ClusterStatus:
                 )
             )
     apps = []
+    tinker_runs: list[TinkerRunStatus] = []
     for name, app in serve.status().applications.items():
+        if app.deployments.get(TINKER_DEPLOYMENT, None) is not None:
+            front = serve.get_deployment_handle(TINKER_DEPLOYMENT, name)
+            tinker_runs += front.run_statuses.remote().result(timeout_s=timeout_s)
         deployment = app.deployments.get(INFERENCE_DEPLOYMENT)
         if deployment is None:
             continue  # not an art-ray inference app
@@ -83,7 +90,10 @@ def cluster_status(timeout_s: float = 30.0) -> ClusterStatus:
             )
         )
     return ClusterStatus(
-        models=sorted(models, key=lambda m: m.model), apps=apps, trainers=_trainers(timeout_s)
+        models=sorted(models, key=lambda m: m.model),
+        apps=apps,
+        trainers=_trainers(timeout_s),
+        tinker_runs=tinker_runs,
     )
 
 
@@ -130,4 +140,12 @@ def format_status(status: ClusterStatus) -> str:
                 f"    {run.model} ({run.project}): step {run.step}{live}, "
                 f"{run.state_bytes / 2**20:.1f} MiB of adapter and optimizer state per rank"
             )
+    if status.tinker_runs:
+        lines.append("Tinker training clients:")
+    for run in status.tinker_runs:
+        owner = f", owner key {run.owner}" if run.owner else ""
+        lines.append(
+            f"  {run.model_id} (run {run.run}): rank-{run.lora_rank} LoRA on {run.base_model}{owner}"
+        )
+        lines.extend(f"    {path}" for path in run.checkpoints)
     return "\n".join(lines)

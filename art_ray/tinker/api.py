@@ -42,6 +42,7 @@ from art_ray.tinker.types import (
     SavedState,
     TinkerModelInfo,
     TinkerModelSpec,
+    TinkerRunStatus,
     TinkerService,
     TinkerUserError,
 )
@@ -606,6 +607,22 @@ class _Front:
             user_metadata=model.user_metadata or None,
         )
 
+    def run_statuses(self) -> list[TinkerRunStatus]:
+        """Every live training client's run, for `art-ray status` (the admin's view)."""
+        return [
+            TinkerRunStatus(
+                model_id=model.model_id,
+                run=model.run,
+                owner=model.owner,
+                base_model=model.base_model,
+                lora_rank=model.lora_rank,
+                checkpoints=[sampler_weights_path(model.model_id, name) for name in model.checkpoints]
+                + [weights_path(model.model_id, name) for name in model.states],
+            )
+            for model in self.models.values()
+            if model.info is not None
+        ]
+
     def listed_checkpoint(self, model: _Model, checkpoint: _Checkpoint) -> sdk.Checkpoint:
         return sdk.Checkpoint(
             checkpoint_id=f"sampler_weights/{checkpoint.name}",
@@ -669,6 +686,7 @@ def tinker_app(
     front = _Front(service, served_base_models, session_ttl_s, futures or FutureTable())
     app = FastAPI(title="art-ray Tinker API", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.authorize = authorize
+    app.state.front = front  # its run_statuses, for the Serve deployment's `art-ray status` call
 
     @app.post("/client/config")
     async def client_config(_: Caller) -> Response:

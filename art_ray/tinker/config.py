@@ -6,6 +6,8 @@ import pydantic
 
 from art_ray.model_config import ModelConfig
 
+TINKER_DEPLOYMENT = "TinkerFront"  # the Serve deployment of the front, which `art-ray status` asks
+
 
 class TinkerConfig(pydantic.BaseModel):
     """`base_models`: what clients may name in create_lora_training_client (art-ray's local names, paths or

@@ -15,7 +15,7 @@ from ray import serve
 
 from art_ray import keys
 from art_ray.tinker.api import tinker_app
-from art_ray.tinker.config import TinkerConfig
+from art_ray.tinker.config import TINKER_DEPLOYMENT, TinkerConfig
 from art_ray.tinker.principal import Principal, UnknownKeyError
 from art_ray.tinker.types import (
     AdamStep,
@@ -27,6 +27,7 @@ from art_ray.tinker.types import (
     SavedState,
     TinkerModelInfo,
     TinkerModelSpec,
+    TinkerRunStatus,
     TinkerUserError,
 )
 
@@ -75,7 +76,9 @@ class TrainingServerWork:
         await self._call("unload", run)
 
 
-@serve.deployment(num_replicas=1, max_ongoing_requests=1024, ray_actor_options={"num_cpus": 0})
+@serve.deployment(
+    name=TINKER_DEPLOYMENT, num_replicas=1, max_ongoing_requests=1024, ray_actor_options={"num_cpus": 0}
+)
 @serve.ingress()
 class TinkerFront:
     """One replica: sessions, futures and the order of each model's calls live in it."""
@@ -100,6 +103,11 @@ class TinkerFront:
         )
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return tinker_app(
+        self.asgi_app = tinker_app(
             self.work, self.authorize, self.config.base_models, session_ttl_s=self.config.session_ttl_s
         )
+        return self.asgi_app
+
+    def run_statuses(self) -> list[TinkerRunStatus]:
+        """The live training clients' runs (`art-ray status`)."""
+        return self.asgi_app.state.front.run_statuses()

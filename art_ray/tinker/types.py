@@ -108,6 +108,19 @@ class SavedState(pydantic.BaseModel):
     owner: str | None = None
 
 
+class TinkerRunStatus(pydantic.BaseModel):
+    """A Tinker training client's run, as `art-ray status` lists it: `run` is its art-ray run (the OpenAI
+    endpoint's model name); `checkpoints` its sampler weights and saved training states, as tinker://
+    paths."""
+
+    model_id: str
+    run: str
+    owner: str | None
+    base_model: str
+    lora_rank: int
+    checkpoints: list[str]
+
+
 class SampleCall(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
 
