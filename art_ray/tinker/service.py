@@ -155,6 +155,12 @@ class RayTinkerService:
             )
         except openai.BadRequestError as error:
             raise TinkerUserError(f"the engine refused the sample request: {error.message}") from None
+        except openai.NotFoundError:
+            # the replicas hold each run's last keep_versions snapshots (ModelConfig.keep_versions)
+            raise TinkerUserError(
+                f"{model} is no longer served: the engines keep a run's last "
+                f"{self.run_config.keep_versions} sampler snapshots; save_weights_for_sampler again"
+            ) from None
         sequences = [
             SampledTokens(
                 tokens=list(choice.token_ids),  # type: ignore[attr-defined]  # vLLM's return_token_ids
