@@ -50,6 +50,7 @@ from art_ray.remote.server import (
     require_auth_off_localhost,
     start_training_server,
 )
+from art_ray.status import cluster_status, format_status
 from art_ray.tinker.config import TinkerConfig
 
 pytestmark = pytest.mark.slow
@@ -487,6 +488,23 @@ def test_the_tinker_sdk_trains_samples_and_sees_only_its_own_runs(server_url) ->
     assert training.model_id not in [
         r.training_run_id for r in dave_rest.list_training_runs().result().training_runs
     ]
+    carol_rest = tinker.RestClient(base_url=server_url, api_key=carol_key)
+    listed = carol_rest.list_checkpoints(training.model_id).result().checkpoints
+    assert {path, state} <= {checkpoint.tinker_path for checkpoint in listed}
+    status = cluster_status()  # `art-ray status` lists the run and its checkpoints
+    [listed_run] = [entry for entry in status.tinker_runs if entry.model_id == training.model_id]
+    assert listed_run.owner == "tinker-carol" and {path, state} <= set(listed_run.checkpoints)
+    assert state in format_status(status)
+
+    # the engines keep a run's last 3 snapshots (keep_versions): an older one is a clear, unretried error
+    for _ in range(2):
+        training.forward_backward([other], "cross_entropy").result()
+        training.optim_step(T.AdamParams(learning_rate=1e-2)).result()
+        training.save_weights_for_sampler("later").result()
+    started = time.monotonic()
+    with pytest.raises(tinker.RequestFailedError, match="no longer served"):
+        snapshot.sample(T.ModelInput.from_ints(prompt), 1, greedy).result()
+    assert time.monotonic() - started < 30
     carol.close("success").result(timeout=60)
     dave.close("success").result(timeout=60)
 
