@@ -432,7 +432,12 @@ def test_the_tinker_sdk_trains_samples_and_sees_only_its_own_runs(server_url) ->
     )
     greedy = T.SamplingParams(max_tokens=len(answer), temperature=0.0)
     base = carol.create_sampling_client(base_model="tiny").result()
-    before = base.sample(T.ModelInput.from_ints(prompt), 1, greedy).result().sequences[0].tokens
+    sampled = base.sample(T.ModelInput.from_ints(prompt), 1, greedy).result().sequences[0]
+    before = sampled.tokens
+    # compute_logprobs scores the prompt on the same engines: the sampled tokens' logprobs again
+    scored = base.compute_logprobs(T.ModelInput.from_ints(prompt + before)).result()
+    assert scored[0] is None and len(scored) == len(prompt) + len(before)
+    assert scored[len(prompt) :] == pytest.approx(sampled.logprobs, abs=0.05)
 
     # the tiny model's attention-only LoRA lowers this loss but cannot memorise the answer: ~63 -> ~53
     losses = []
