@@ -3,6 +3,8 @@ small `tiny` model config the SDK integration tests share."""
 
 from __future__ import annotations
 
+import os
+
 from openai.types.chat.chat_completion import Choice
 
 from art_ray import LoRASpec, ModelConfig
@@ -15,6 +17,19 @@ TINY_CONFIG = ModelConfig(
     replica_cpus=0,
     trainer_cpus_per_rank=0,
 )
+
+
+def cookbook_environment(tinker_key: str) -> dict[str, str]:
+    """The environment a tinker-cookbook recipe runs in against art-ray here: offline, the key as the SDK
+    reads it, no telemetry or W&B."""
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TINKER_API_KEY": tinker_key,
+        "TINKER_TELEMETRY": "0",
+        "WANDB_MODE": "disabled",
+    }
 
 
 def served_choice(

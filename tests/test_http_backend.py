@@ -23,7 +23,7 @@ import httpx
 import openai
 import pytest
 from conftest import free_port
-from factories import TINY_CONFIG
+from factories import TINY_CONFIG, cookbook_environment
 from openai.types.chat.chat_completion import Choice
 
 from art_ray import (
@@ -525,14 +525,6 @@ def test_tinker_cookbooks_supervised_loop_lowers_its_loss_on_the_server(server_u
     key = asyncio.run(keys.create_key(KeyGrant(name="tinker-cookbook"), prefix="tml-"))
     dataset = Path(tinker_cookbook.__file__).parent / "example_data" / "conversations.jsonl"
     log_path = tmp_path / "chat_sl"
-    environment = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TINKER_API_KEY": key,
-        "TINKER_TELEMETRY": "0",
-        "WANDB_MODE": "disabled",
-    }
     recipe = [
         sys.executable,
         "-m",
@@ -551,7 +543,9 @@ def test_tinker_cookbooks_supervised_loop_lowers_its_loss_on_the_server(server_u
         f"log_path={log_path}",
         "behavior_if_log_dir_exists=delete",
     ]
-    completed = subprocess.run(recipe, env=environment, capture_output=True, text=True, timeout=600)
+    completed = subprocess.run(
+        recipe, env=cookbook_environment(key), capture_output=True, text=True, timeout=600
+    )
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-4000:]
     metrics = [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
     nll = [step["train_mean_nll"] for step in metrics if "train_mean_nll" in step]

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
 import sys
 from pathlib import Path
 
 import pytest
 import uvicorn
+from factories import cookbook_environment
 from fastapi import FastAPI
 
 from art_ray.models import resolve_base_model
@@ -44,14 +44,6 @@ async def test_tinker_cookbooks_arithmetic_rl_loop_raises_its_reward(smollm2_mod
     server = uvicorn.Server(uvicorn.Config(parent, log_level="warning", timeout_graceful_shutdown=1))
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     log_path = tmp_path / "math_rl"
-    environment = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TINKER_API_KEY": KEY,
-        "TINKER_TELEMETRY": "0",
-        "WANDB_MODE": "disabled",
-    }
     recipe = [
         sys.executable,
         "-m",
@@ -75,7 +67,10 @@ async def test_tinker_cookbooks_arithmetic_rl_loop_raises_its_reward(smollm2_mod
         while not server.started:
             await asyncio.sleep(0.05)
         process = await asyncio.create_subprocess_exec(
-            *recipe, env=environment, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+            *recipe,
+            env=cookbook_environment(KEY),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
         )
         output, _ = await asyncio.wait_for(process.communicate(), timeout=600)
         assert process.returncode == 0, output.decode()[-6000:]
