@@ -47,7 +47,7 @@ ROLES = [
     ("Ray dashboard", r"dashboard"),
     ("Ray log monitor", r"log_monitor"),
     ("Ray idle workers", r"default_worker\.py|ray::IDLE"),
-    ("driver (the script)", r"examples/one_word/train\.py"),
+    ("driver (the script)", r"examples/one_word/train\.py|multi_tenant\.py --child"),
 ]
 
 # lines of the demo's output, and what their appearance means

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "examples" / "one_word"))
 
 from common import free_port, print_result, print_table  # noqa: E402
-from memory import GIB, descendants, pss_bytes  # noqa: E402
+from memory import GIB, sample  # noqa: E402
 
 ROOT = Path(__file__).parents[1]
 DEMO = ROOT / "examples" / "one_word" / "train.py"
@@ -146,13 +146,15 @@ def run_way(way: str, args: argparse.Namespace) -> dict:
     command = [sys.executable, __file__, "--child", way, *forwarded(args)]
     started = time.time()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    peak = 0
+    peak, peak_roles = 0, {}
     done = threading.Event()
 
     def watch() -> None:
-        nonlocal peak
+        nonlocal peak, peak_roles
         while not done.is_set():
-            peak = max(peak, sum(pss_bytes(pid) or 0 for pid in descendants(process.pid)))
+            roles = sample(process.pid, {})
+            if sum(roles.values()) > peak:
+                peak, peak_roles = sum(roles.values()), roles
             done.wait(args.interval)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -168,7 +170,8 @@ def run_way(way: str, args: argparse.Namespace) -> dict:
     if process.wait() != 0:
         raise RuntimeError(f"the {way} way failed (exit {process.returncode}); its stderr is above")
     # the wall time a user waits: the way's process from its start to its exit, Ray's starts and stops in
-    return {**json.loads(last), "wall_s": time.time() - started, "peak_gib": peak / GIB}
+    roles = {role: round(pss / GIB, 2) for role, pss in sorted(peak_roles.items(), key=lambda item: -item[1])}
+    return {**json.loads(last), "wall_s": time.time() - started, "peak_gib": peak / GIB, "peak_roles": roles}
 
 
 def forwarded(args: argparse.Namespace) -> list[str]:
@@ -197,9 +200,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--layout",
         choices=["auto", "colocated", "split"],
-        default="auto",
-        help="the shared deployment's layout (split: the engine samples one run while another trains); "
-        "the scripts way runs the demo as users do",
+        default="split",
+        help="the shared deployment's layout (split: the engine samples one run while another trains, one "
+        "core each; on this 2-core box it is the faster of the two for both shared ways); the scripts way "
+        "runs the demo as users do (its default layout, colocated here)",
     )
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between memory samples")
     parser.add_argument("--child", choices=WAYS, default=None, help=argparse.SUPPRESS)
@@ -238,6 +242,12 @@ def main() -> None:
             for way, r in results.items()
         ],
     )
+    roles = sorted({role for r in results.values() for role in r["peak_roles"]})
+    print_table(
+        "PSS by process role at each way's peak (GiB)",
+        ["role", *results],
+        [[role, *(r["peak_roles"].get(role, 0.0) for r in results.values())] for role in roles],
+    )
     wall = {way: round(r["wall_s"], 1) for way, r in results.items()}
 
     def ratio(a: str, b: str) -> float | None:
@@ -265,9 +275,9 @@ def main() -> None:
         },
     }
     print(
-        "\nOn this 2-core box the engine and the trainer take turns on the same cores (colocated): runs "
-        "at once gain by batching several runs' samples in one engine step and by filling the gaps between "
-        "one run's phases with another's; on GPUs with a split layout sampling and training also overlap."
+        "\nOn this 2-core box every phase is CPU-bound on the same two cores: runs at once gain by batching "
+        "several runs' samples in one engine step and, in the split layout, by keeping the engine's core and "
+        "the trainer's core busy with different runs; the shared start is paid once instead of once a run."
     )
     print_result(summary)
 
