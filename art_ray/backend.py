@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import ray
@@ -383,14 +384,10 @@ class RayBackend:
     ) -> AsyncIterator[TrainEvent]:
         """`call(trainer, max_tokens)` under the owner key's token limit, retried as `_retried` does and
         counted as in flight meanwhile (an idle time-to-live never expires a run mid-call)."""
-        self._in_call[model.name] += 1
-        try:
+        with self._counted_in_flight(model):
             max_tokens = await self._max_train_tokens(model)
             async for event in self._retried(model, lambda trainer: call(trainer, max_tokens)):
                 yield event
-        finally:
-            self._in_call[model.name] -= 1
-            self._touch(model.name)
 
     # --- the Tinker API's verbs (art_ray/tinker/): gradients add up until optim_step ----------------
 
@@ -423,10 +420,16 @@ class RayBackend:
         return await self._in_flight(model, self._trainer(model).load_state(folder, optimizer))
 
     async def _in_flight(self, model: TrainableModel, call: Awaitable[Result]) -> Result:
-        """Counted as in flight (an idle time-to-live never expires a run mid-call)."""
+        with self._counted_in_flight(model):
+            return await call
+
+    @contextlib.contextmanager
+    def _counted_in_flight(self, model: TrainableModel) -> Iterator[None]:
+        """The body counts as the run's call in flight (an idle time-to-live never expires a run mid-call,
+        and delete_run waits for it); the run was used when it ends."""
         self._in_call[model.name] += 1
         try:
-            return await call
+            yield
         finally:
             self._in_call[model.name] -= 1
             self._touch(model.name)

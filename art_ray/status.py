@@ -70,7 +70,7 @@ def cluster_status(timeout_s: float = 30.0) -> ClusterStatus:
     apps = []
     tinker_runs: list[TinkerRunStatus] = []
     for name, app in serve.status().applications.items():
-        if app.deployments.get(TINKER_DEPLOYMENT, None) is not None:
+        if TINKER_DEPLOYMENT in app.deployments:
             front = serve.get_deployment_handle(TINKER_DEPLOYMENT, name)
             tinker_runs += front.run_statuses.remote().result(timeout_s=timeout_s)
         deployment = app.deployments.get(INFERENCE_DEPLOYMENT)
