@@ -3,15 +3,18 @@
 Runs whose trainer settings agree (`group_key`: the base model, the LoRA shape, the ranks' layout and
 sizes) can train on one group, so the base weights are loaded once. Each rank holds every run's adapter,
 optimizer state, step and RNG state; one run at a time is live in the DeepSpeed engine, and `RunStates`
-swaps another in by copying its tensors into the adapter's parameters and its state into the optimizer
-(milliseconds for a LoRA). Nothing of a run's arithmetic depends on the other runs: what goes live is
-exactly what the run left, so a run trains as it would alone.
+swaps another in by copying its tensors into the engine's own (the adapter's parameters, the optimizer's
+master weights and moments), in place: DeepSpeed's optimizer wrappers keep views of them. The runs that
+wait are parked in host memory (pinned on GPU, host_memory.py), so a device holds one run's state
+however many share it; a swap moves a LoRA's few MB. Nothing of a run's arithmetic depends on the other
+runs: what goes live is exactly what the run left, and a fresh run starts from what a trainer of its own
+would (its step-0 adapter, and on GPU the bf16 wrapper's initial optimizer step), so a run trains as it
+would alone.
 
 What may differ between runs of one group: name, project, seed (their step-0 adapters), the optimizer's
-`adam_betas`, `adam_epsilon`, `weight_decay` (held in each run's optimizer state), `keep_versions`, and
-every per-call setting (TrainConfig). Swapping needs the engine's optimizer to be the plain torch one:
-ZeRO stage 0 in float32, which is the CPU trainer; a GPU trainer (bf16, DeepSpeed's own optimizer wrapper
-with fp32 master weights) keeps a group per run until its swap is written.
+`adam_betas`, `adam_epsilon`, `weight_decay` (held in each run's param-group settings), `keep_versions`,
+and every per-call setting (TrainConfig). Runs share at ZeRO stage 0 (the float32 CPU trainer, or bf16
+on GPU with its fp32 masters); ZeRO's partitioned optimizers keep a group per run.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import pydantic
 
 from art_ray.trainer.config import TrainerConfig
+from art_ray.trainer.host_memory import HostMemory
 
 if TYPE_CHECKING:
     import torch
@@ -60,8 +64,6 @@ def group_key(config: TrainerConfig) -> str:
 
 def shareable(config: TrainerConfig) -> str | None:
     """Why runs of this config cannot share a group (None: they can)."""
-    if config.device != "cpu":
-        return "a GPU trainer's optimizer state is not swapped between runs yet"
     if config.settings.zero_stage != 0:
         return (
             f"zero_stage {config.settings.zero_stage} partitions the optimizer state (runs share at stage 0)"
@@ -92,35 +94,69 @@ def _tensor_bytes(value: Any) -> int:
     return 0
 
 
-class RunState:
-    """One run's training state on a rank while another run is live (all None while it is live)."""
+class ParkedRun:
+    """A run's training state while another run is live, in host memory (see host_memory.py): its
+    adapter, the optimizer's master weights (distinct tensors only under a mixed-precision wrapper), each
+    master's optimizer state, the param groups' settings and the RNG. Fresh runs have no tensors yet."""
 
-    def __init__(
-        self, config: TrainerConfig, rng: torch.Tensor | None = None, optimizer: dict[str, Any] | None = None
-    ) -> None:
+    def __init__(self, rng: list[torch.Tensor], settings: list[dict[str, Any]]) -> None:
+        self.adapter: list[torch.Tensor] | None = None  # None: its step-0 adapter, made when it goes live
+        self.masters: list[torch.Tensor] = []
+        self.optimizer: list[dict[str, Any]] = []
+        self.settings = settings  # the optimizer's param groups without their params
+        self.rng = rng
+
+    def nbytes(self) -> int:
+        return _tensor_bytes([self.adapter, self.masters, self.optimizer])
+
+
+class RunState:
+    def __init__(self, config: TrainerConfig, parked: ParkedRun | None) -> None:
         self.config = config
         self.step = 0
-        self.adapter: dict[str, torch.Tensor] | None = None  # None: its step-0 adapter, made on first use
-        self.optimizer: dict[str, Any] | None = optimizer
-        self.rng: torch.Tensor | None = rng
+        # while the run is live its parked copy is stale: kept so the next park reuses its buffers
+        # (pinned allocations are slow), None until it is first parked
+        self.parked = parked
+
+
+def unswappable(engine: Any) -> str | None:
+    """Why this engine's runs cannot be swapped (None: they can). The swap writes the adapter into the
+    module's trainable parameters and the masters and moments into the basic (torch) optimizer; it knows
+    the plain optimizer (float32) and DeepSpeed's bf16/fp16 wrappers at ZeRO stage 0, whose masters are
+    the basic optimizer's parameters. Other wrappers (ZeRO's partitions, BF16_Optimizer's flat buffers
+    linked to their parameters) hold state this does not reach."""
+    from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    if engine.optimizer is engine.basic_optimizer or isinstance(
+        engine.optimizer, FP16_Optimizer | FP16_UnfusedOptimizer
+    ):
+        return None
+    return f"DeepSpeed's {type(engine.optimizer).__name__} is not swapped between runs"
 
 
 class RunStates:
-    """The runs a rank holds and which one is live in `engine` (a DeepSpeed engine around a PEFT model)."""
+    """The runs a rank holds and which one is live in `engine` (a DeepSpeed engine around a PEFT model).
 
-    def __init__(self, engine: Any, founder: TrainerConfig) -> None:
+    Only the live run's state is in the engine (on its device); the others wait parked in `memory`, so a
+    rank's device holds one run's optimizer state however many runs it trains."""
+
+    def __init__(self, engine: Any, founder: TrainerConfig, memory: HostMemory) -> None:
         import torch
 
         self._engine = engine
-        # a fresh run's optimizer state: no moments yet, the founder's param groups with the run's settings
-        # (None where runs cannot share: DeepSpeed's optimizer wrappers hold views no copy can take)
-        self._fresh_optimizer = (
-            copy.deepcopy(engine.optimizer.state_dict()) if shareable(founder) is None else None
-        )
+        self._memory = memory
+        self._why_not = unswappable(engine)
+        optimizer = engine.basic_optimizer
+        # the settings a fresh run's optimizer starts from (the founder's, before any call set its rate)
+        self._initial_settings = [
+            {key: value for key, value in group.items() if key != "params"}
+            for group in optimizer.param_groups
+        ]
         # every run's RNG starts from its seed when it first trains (the founder's too, after the setup's
         # draws), so a run draws the same numbers whichever run founded the group
         torch.manual_seed(founder.settings.seed)
-        self._runs = {founder.model: RunState(founder)}
+        self._runs = {founder.model: RunState(founder, None)}
         self.live = founder.model
 
     def names(self) -> list[str]:
@@ -134,19 +170,22 @@ class RunStates:
 
         if config.model in self._runs:
             raise ValueError(f"run {config.model!r} is already on this trainer")
-        if self._fresh_optimizer is None:
-            raise ValueError(f"runs cannot share this trainer: {shareable(self.config(self.live))}")
-        optimizer = copy.deepcopy(self._fresh_optimizer)
-        for group in optimizer["param_groups"]:
-            group.update(
-                betas=config.settings.adam_betas,
-                eps=config.settings.adam_epsilon,
-                weight_decay=config.settings.weight_decay,
-            )
-        live_rng = torch.get_rng_state()
+        if self._why_not is not None:
+            raise ValueError(f"runs cannot share this trainer: {self._why_not}")
+        settings = [
+            {
+                **group,
+                "betas": config.settings.adam_betas,
+                "eps": config.settings.adam_epsilon,
+                "weight_decay": config.settings.weight_decay,
+            }
+            for group in self._initial_settings
+        ]
+        live_rng = self._memory.rng_state()
         torch.manual_seed(config.settings.seed)
-        self._runs[config.model] = RunState(config, torch.get_rng_state(), optimizer)
-        torch.set_rng_state(live_rng)
+        rng = self._memory.rng_state()
+        self._memory.set_rng_state(live_rng)
+        self._runs[config.model] = RunState(config, ParkedRun(rng, copy.deepcopy(settings)))
 
     def remove(self, run: str) -> None:
         if run == self.live:
@@ -159,47 +198,112 @@ class RunStates:
     def set_step(self, run: str, step: int) -> None:
         self._runs[run].step = step
 
-    def activate(self, run: str) -> None:
-        """Make `run` the live one: the live run's state is put aside, `run`'s goes into the engine."""
-        import torch
-        from peft import get_peft_model_state_dict, set_peft_model_state_dict
+    def _tensors(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The live adapter's parameters, and the optimizer's masters where they are other tensors."""
+        adapter = [p for p in self._engine.module.parameters() if p.requires_grad]
+        masters = [p for group in self._engine.basic_optimizer.param_groups for p in group["params"]]
+        if len(masters) == len(adapter) and all(m is p for m, p in zip(masters, adapter, strict=True)):
+            masters = []  # float32 without a wrapper: the optimizer steps the adapter itself
+        return adapter, masters
+
+    def _park_live(self, parked: ParkedRun | None) -> ParkedRun:
+        """The live run's state copied out of the engine (into `parked`'s buffers where it has some)."""
+        memory, optimizer = self._memory, self._engine.basic_optimizer
+        adapter, masters = self._tensors()
+        out = parked or ParkedRun([], [])
+        previous = out.adapter or [None] * len(adapter)
+        out.adapter = [memory.park(p.data, into) for p, into in zip(adapter, previous, strict=True)]
+        previous_masters = out.masters or [None] * len(masters)
+        out.masters = [memory.park(m.data, into) for m, into in zip(masters, previous_masters, strict=True)]
+        previous_state = out.optimizer or [{} for _ in self._masters()]
+        out.optimizer = [
+            {
+                key: memory.park(value, into.get(key)) if _is_tensor(value) else copy.deepcopy(value)
+                for key, value in optimizer.state.get(master, {}).items()
+            }
+            for master, into in zip(self._masters(), previous_state, strict=True)
+        ]
+        out.settings = [
+            {key: copy.deepcopy(value) for key, value in group.items() if key != "params"}
+            for group in optimizer.param_groups
+        ]
+        out.rng = memory.rng_state()
+        return out
+
+    def _masters(self) -> list[torch.Tensor]:
+        return [p for group in self._engine.basic_optimizer.param_groups for p in group["params"]]
+
+    def _put_live(self, run: RunState, parked: ParkedRun) -> None:
+        """`parked` written into the engine's tensors, in place."""
+        from peft import set_peft_model_state_dict
 
         from art_ray.adapters.lora_files import initial_adapter
 
+        memory, optimizer, engine = self._memory, self._engine.basic_optimizer, self._engine
+        adapter, masters = self._tensors()
+        for group, settings in zip(optimizer.param_groups, parked.settings, strict=True):
+            group.update(copy.deepcopy(settings))
+        if parked.adapter is None:  # a fresh run: what a trainer of its own would start from
+            config = run.config
+            set_peft_model_state_dict(
+                engine.module, initial_adapter(config.base_model, config.settings.lora, config.settings.seed)
+            )
+            if masters:  # a mixed-precision wrapper's fp32 masters start as the adapter's values
+                for master, param in zip(masters, adapter, strict=True):
+                    master.data.copy_(param.data)
+            optimizer.state.clear()
+            if engine.optimizer is not optimizer and hasattr(engine.optimizer, "initialize_optimizer_states"):
+                engine.optimizer.initialize_optimizer_states()  # as deepspeed.initialize did for the founder
+        else:
+            for param, saved in zip(adapter, parked.adapter, strict=True):
+                memory.restore(param.data, saved)
+            for master, saved in zip(masters, parked.masters, strict=True):
+                memory.restore(master.data, saved)
+            for master, saved in zip(self._masters(), parked.optimizer, strict=True):
+                live = optimizer.state.get(master, {})
+                state: dict[str, Any] = {}
+                for key, value in saved.items():
+                    if not _is_tensor(value):
+                        state[key] = copy.deepcopy(value)
+                    elif _is_tensor(live.get(key)) and live[key].shape == value.shape:
+                        memory.restore(live[key], value)
+                        state[key] = live[key]
+                    else:
+                        state[key] = memory.to_device(value, master)
+                if state:
+                    optimizer.state[master] = state
+                else:
+                    optimizer.state.pop(master, None)
+        memory.set_rng_state(parked.rng)
+        memory.settle()
+
+    def activate(self, run: str) -> None:
+        """Make `run` the live one: the live run's state is parked, `run`'s goes into the engine."""
         if run == self.live:
             return
         target = self._runs[run]  # KeyError for a run this rank does not hold
+        assert target.parked is not None
         current = self._runs[self.live]
-        module = self._engine.module
-        current.adapter = {
-            name: tensor.detach().clone() for name, tensor in get_peft_model_state_dict(module).items()
-        }
-        current.optimizer = copy.deepcopy(self._engine.optimizer.state_dict())
-        current.rng = torch.get_rng_state()
-        config = target.config
-        adapter = target.adapter
-        if adapter is None:
-            adapter = initial_adapter(config.base_model, config.settings.lora, config.settings.seed)
-        set_peft_model_state_dict(module, adapter)
-        assert target.optimizer is not None and target.rng is not None
-        self._engine.optimizer.load_state_dict(target.optimizer)
-        torch.set_rng_state(target.rng)
-        target.adapter = target.optimizer = target.rng = None
+        current.parked = self._park_live(current.parked)
+        self._put_live(target, target.parked)
         self.live = run
 
     def describe(self) -> list[RunStatus]:
-        live_bytes = _tensor_bytes(
-            [p for p in self._engine.module.parameters() if p.requires_grad]
-        ) + _tensor_bytes(self._engine.optimizer.state_dict()["state"])
+        adapter, masters = self._tensors()
+        live_bytes = _tensor_bytes([adapter, masters, list(self._engine.basic_optimizer.state.values())])
         return [
             RunStatus(
                 model=name,
                 project=run.config.project,
                 step=run.step,
                 live=name == self.live,
-                state_bytes=live_bytes
-                if name == self.live
-                else _tensor_bytes([run.adapter, (run.optimizer or {}).get("state")]),
+                state_bytes=live_bytes if name == self.live or run.parked is None else run.parked.nbytes(),
             )
             for name, run in self._runs.items()
         ]
+
+
+def _is_tensor(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor)

@@ -24,6 +24,7 @@ from art_ray.errors import QuotaExceededError
 from art_ray.tinker.types import AdamStep, ForwardBackwardCall
 from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.trainer.config import TrainerConfig
+from art_ray.trainer.host_memory import host_memory
 from art_ray.trainer.packing import PackedRow, segment_attention_mask
 from art_ray.trainer.runs import RunStates, RunStatus, group_key
 from art_ray.trainer.train_batch import RankBatch, rl_batches, sft_batches
@@ -173,7 +174,7 @@ class TrainerWorker:
         self.checkpoint_writer = BackgroundCheckpointEngine(self.engine._config)
         self.engine.checkpoint_engine = self.checkpoint_writer
         self.handover = TrainerHandover(self.engine.module, self.engine, self.config.device)
-        self.runs = RunStates(self.engine, self.config)
+        self.runs = RunStates(self.engine, self.config, host_memory(self.config.device))
         if self.config.colocated:
             self.handover.offload()  # the engines sample first
 
