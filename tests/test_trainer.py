@@ -271,10 +271,10 @@ def test_nothing_trainable_still_advances_the_step(inference_app, rollouts, tmp_
     assert step == 1
 
 
-def test_a_run_sharing_its_trainer_with_two_others_trains_as_it_would_alone(
+def test_a_run_sharing_its_trainer_with_three_others_trains_as_it_would_alone(
     inference_app, rollouts, three_calls_adapter, tmp_path
 ) -> None:
-    """Three runs of the base model on one set of ranks (other seeds, storage and names beside this one),
+    """Four runs of the base model on one set of ranks (other seeds, storage and names beside this one),
     their train calls in flight together: the round-robin interleaves them, each call swapping its run's
     adapter, optimizer state and RNG in, and "equivalence" ends where three calls on its own ranks end."""
     train = TrainConfig(learning_rate=1e-2, num_gradient_steps=2)
@@ -294,20 +294,23 @@ def test_a_run_sharing_its_trainer_with_two_others_trains_as_it_would_alone(
                 publish=False,
                 ranks=founder.ranks,
             )
-            for name, seed in (("equivalence", 0), ("tenant-c", 2))
+            for name, seed in (("equivalence", 0), ("tenant-c", 2), ("tenant-d", 3))
         ]
-        groups = [runs[0], founder, runs[1]]
+        groups = [runs[0], founder, *runs[1:]]
         try:
             await asyncio.gather(*(group.start() for group in runs))
             assert all(founder.ranks.accepts(group.config) for group in runs) and len(founder.workers) == 1
             await calls(founder, 1)  # the founder's moments are live when the others' first calls swap in
-            await asyncio.gather(calls(groups[0], 3), calls(founder, 1), calls(groups[2], 2))
+            await asyncio.gather(
+                calls(groups[0], 3), calls(founder, 1), calls(groups[2], 2), calls(groups[3], 1)
+            )
             status = await asyncio.to_thread(cluster_status)  # a sync call, as `art-ray status` makes it
             (listed,) = [t for t in status.trainers if t.name.startswith("art_ray_trainer:tenant-b:")]
             assert {run.model: run.step for run in listed.runs} == {
                 "tenant-b": 2,
                 "equivalence": 3,
                 "tenant-c": 2,
+                "tenant-d": 1,
             }
             assert sum(run.live for run in listed.runs) == 1 and all(
                 run.state_bytes > 0 for run in listed.runs
@@ -318,7 +321,7 @@ def test_a_run_sharing_its_trainer_with_two_others_trains_as_it_would_alone(
                 group.shutdown()
 
     adapters, steps = asyncio.run(shared())
-    assert steps == [3, 2, 2]
+    assert steps == [3, 2, 2, 1]
     assert_same_adapter(three_calls_adapter, adapters[0])
     assert any(not torch.equal(adapters[0][name], adapters[1][name]) for name in adapters[0])  # its own run
     assert (tmp_path / "equivalence" / "tests" / "models" / "equivalence" / "checkpoints" / "0003").is_dir()
