@@ -27,8 +27,8 @@ class HostMemory(Protocol):
         """Copy `parked` back into `live`, in place."""
         ...
 
-    def to_device(self, parked: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        """A new device tensor on `like`'s device holding `parked` (a state tensor the live run lacks)."""
+    def to_device(self, parked: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """A new tensor on `device` holding `parked` (a state tensor the live run lacks)."""
         ...
 
     def settle(self) -> None:
@@ -57,7 +57,7 @@ class CPUHostMemory:
     def restore(self, live: torch.Tensor, parked: torch.Tensor) -> None:
         live.copy_(parked)
 
-    def to_device(self, parked: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    def to_device(self, parked: torch.Tensor, device: torch.device) -> torch.Tensor:
         return parked.clone()
 
     def settle(self) -> None:
@@ -89,8 +89,10 @@ class PinnedHostMemory:
     def restore(self, live: torch.Tensor, parked: torch.Tensor) -> None:
         live.copy_(parked, non_blocking=live.device.type != "cpu")
 
-    def to_device(self, parked: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        return parked.to(like.device, non_blocking=True)
+    def to_device(self, parked: torch.Tensor, device: torch.device) -> torch.Tensor:
+        if device.type == "cpu":
+            return parked.clone()
+        return parked.to(device, non_blocking=True)
 
     def settle(self) -> None:
         import torch

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pydantic
 
@@ -201,10 +201,14 @@ class RunStates:
     def _tensors(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The live adapter's parameters, and the optimizer's masters where they are other tensors."""
         adapter = [p for p in self._engine.module.parameters() if p.requires_grad]
-        masters = [p for group in self._engine.basic_optimizer.param_groups for p in group["params"]]
+        masters = self._stepped()
         if len(masters) == len(adapter) and all(m is p for m, p in zip(masters, adapter, strict=True)):
             masters = []  # float32 without a wrapper: the optimizer steps the adapter itself
         return adapter, masters
+
+    def _stepped(self) -> list[torch.Tensor]:
+        """The tensors the basic optimizer steps, whose moments it keeps: the masters, or the adapter."""
+        return [p for group in self._engine.basic_optimizer.param_groups for p in group["params"]]
 
     def _park_live(self, parked: ParkedRun | None) -> ParkedRun:
         """The live run's state copied out of the engine (into `parked`'s buffers where it has some)."""
@@ -215,13 +219,13 @@ class RunStates:
         out.adapter = [memory.park(p.data, into) for p, into in zip(adapter, previous, strict=True)]
         previous_masters = out.masters or [None] * len(masters)
         out.masters = [memory.park(m.data, into) for m, into in zip(masters, previous_masters, strict=True)]
-        previous_state = out.optimizer or [{} for _ in self._masters()]
+        previous_state = out.optimizer or [{} for _ in self._stepped()]
         out.optimizer = [
             {
-                key: memory.park(value, into.get(key)) if _is_tensor(value) else copy.deepcopy(value)
-                for key, value in optimizer.state.get(master, {}).items()
+                key: _park_state(memory, value, into.get(key))
+                for key, value in optimizer.state.get(stepped, {}).items()
             }
-            for master, into in zip(self._masters(), previous_state, strict=True)
+            for stepped, into in zip(self._stepped(), previous_state, strict=True)
         ]
         out.settings = [
             {key: copy.deepcopy(value) for key, value in group.items() if key != "params"}
@@ -229,9 +233,6 @@ class RunStates:
         ]
         out.rng = memory.rng_state()
         return out
-
-    def _masters(self) -> list[torch.Tensor]:
-        return [p for group in self._engine.basic_optimizer.param_groups for p in group["params"]]
 
     def _put_live(self, run: RunState, parked: ParkedRun) -> None:
         """`parked` written into the engine's tensors, in place."""
@@ -259,21 +260,21 @@ class RunStates:
                 memory.restore(param.data, saved)
             for master, saved in zip(masters, parked.masters, strict=True):
                 memory.restore(master.data, saved)
-            for master, saved in zip(self._masters(), parked.optimizer, strict=True):
-                live = optimizer.state.get(master, {})
+            for stepped, saved in zip(self._stepped(), parked.optimizer, strict=True):
+                live = optimizer.state.get(stepped, {})
                 state: dict[str, Any] = {}
                 for key, value in saved.items():
-                    if not _is_tensor(value):
+                    if not isinstance(value, ParkedTensor):
                         state[key] = copy.deepcopy(value)
-                    elif _is_tensor(live.get(key)) and live[key].shape == value.shape:
-                        memory.restore(live[key], value)
+                    elif value.fits(live.get(key)):
+                        memory.restore(live[key], value.host)
                         state[key] = live[key]
                     else:
-                        state[key] = memory.to_device(value, master)
+                        state[key] = memory.to_device(value.host, value.device)
                 if state:
-                    optimizer.state[master] = state
+                    optimizer.state[stepped] = state
                 else:
-                    optimizer.state.pop(master, None)
+                    optimizer.state.pop(stepped, None)
         memory.set_rng_state(parked.rng)
         memory.settle()
 
@@ -303,7 +304,29 @@ class RunStates:
         ]
 
 
-def _is_tensor(value: Any) -> bool:
+class ParkedTensor(NamedTuple):
+    """An optimizer state tensor in host memory, and the device it goes back to (torch keeps Adam's
+    `step` on the host beside moments on the GPU)."""
+
+    host: torch.Tensor
+    device: torch.device
+
+    def fits(self, live: Any) -> bool:
+        """Whether `live` can take it back in place."""
+        import torch
+
+        return (
+            isinstance(live, torch.Tensor)
+            and live.device == self.device
+            and (live.shape, live.dtype) == (self.host.shape, self.host.dtype)
+        )
+
+
+def _park_state(memory: HostMemory, value: Any, into: Any) -> Any:
+    """One optimizer state entry parked: a tensor into host memory (`into`'s buffer if it has one)."""
     import torch
 
-    return isinstance(value, torch.Tensor)
+    if not isinstance(value, torch.Tensor):
+        return copy.deepcopy(value)
+    buffer = into.host if isinstance(into, ParkedTensor) else None
+    return ParkedTensor(memory.park(value, buffer), value.device)
