@@ -127,6 +127,7 @@ async def train_loop(
         f"exact {exact_rate(baseline):.2f}  (step {first_step})"
     )
     held_out = baseline  # greedy, so the latest evaluation is the final one
+    best_exact = 0.0  # the best held-out exact rate after a step
     rng = random.Random(args.seed if seed is None else seed)
     say(f"\n{'step':>4}  {'reward':>6}  {'exact':>5}  {'held-out exact':>14}  {'seconds':>7}")
     for step in range(first_step, args.steps):
@@ -153,6 +154,7 @@ async def train_loop(
         with phase("sample"):
             held_out = await evaluate(model)
         await model.log([held_out], split="val")
+        best_exact = max(best_exact, exact_rate(held_out))
         say(
             f"{step + 1:>4}  {reward:>6.3f}  {exact:>5.2f}  {exact_rate(held_out):>14.2f}  "
             f"{time.time() - step_start:>7.1f}"
@@ -168,6 +170,7 @@ async def train_loop(
         "final": round(sum(final.rewards) / len(final), 4),
         "baseline_exact": round(exact_rate(baseline), 4),
         "final_exact": round(exact_rate(final), 4),
+        "best_exact": round(best_exact, 4),
         "steps": await model.get_step(),
     }
 
