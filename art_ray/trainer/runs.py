@@ -122,15 +122,12 @@ class RunState:
 def unswappable(engine: Any) -> str | None:
     """Why this engine's runs cannot be swapped (None: they can). The swap writes the adapter into the
     module's trainable parameters and the masters and moments into the basic (torch) optimizer; it knows
-    the plain optimizer (float32) and DeepSpeed's bf16/fp16 wrappers at ZeRO stage 0, whose masters are
-    the basic optimizer's parameters. Other wrappers (ZeRO's partitions, BF16_Optimizer's flat buffers
-    linked to their parameters) hold state this does not reach."""
-    from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
+    the plain optimizer (float32) and the wrapper DeepSpeed puts around a torch optimizer in bf16 at ZeRO
+    stage 0 (FP16_UnfusedOptimizer: one fp32 master per parameter, the basic optimizer's parameters).
+    Other wrappers (ZeRO's partitions, flat master buffers) hold state this does not reach."""
     from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 
-    if engine.optimizer is engine.basic_optimizer or isinstance(
-        engine.optimizer, FP16_Optimizer | FP16_UnfusedOptimizer
-    ):
+    if engine.optimizer is engine.basic_optimizer or isinstance(engine.optimizer, FP16_UnfusedOptimizer):
         return None
     return f"DeepSpeed's {type(engine.optimizer).__name__} is not swapped between runs"
 
