@@ -146,10 +146,7 @@ class RunStates:
         self._why_not = unswappable(engine)
         optimizer = engine.basic_optimizer
         # the settings a fresh run's optimizer starts from (the founder's, before any call set its rate)
-        self._initial_settings = [
-            {key: value for key, value in group.items() if key != "params"}
-            for group in optimizer.param_groups
-        ]
+        self._initial_settings = _group_settings(optimizer)
         # every run's RNG starts from its seed when it first trains (the founder's too, after the setup's
         # draws), so a run draws the same numbers whichever run founded the group
         torch.manual_seed(founder.settings.seed)
@@ -216,18 +213,16 @@ class RunStates:
         out.adapter = [memory.park(p.data, into) for p, into in zip(adapter, previous, strict=True)]
         previous_masters = out.masters or [None] * len(masters)
         out.masters = [memory.park(m.data, into) for m, into in zip(masters, previous_masters, strict=True)]
-        previous_state = out.optimizer or [{} for _ in self._stepped()]
+        stepped_tensors = self._stepped()
+        previous_state = out.optimizer or [{} for _ in stepped_tensors]
         out.optimizer = [
             {
                 key: _park_state(memory, value, into.get(key))
                 for key, value in optimizer.state.get(stepped, {}).items()
             }
-            for stepped, into in zip(self._stepped(), previous_state, strict=True)
+            for stepped, into in zip(stepped_tensors, previous_state, strict=True)
         ]
-        out.settings = [
-            {key: copy.deepcopy(value) for key, value in group.items() if key != "params"}
-            for group in optimizer.param_groups
-        ]
+        out.settings = _group_settings(optimizer)
         out.rng = memory.rng_state()
         return out
 
@@ -317,6 +312,14 @@ class ParkedTensor(NamedTuple):
             and live.device == self.device
             and (live.shape, live.dtype) == (self.host.shape, self.host.dtype)
         )
+
+
+def _group_settings(optimizer: Any) -> list[dict[str, Any]]:
+    """A copy of each of the optimizer's param groups without its params."""
+    return [
+        {key: copy.deepcopy(value) for key, value in group.items() if key != "params"}
+        for group in optimizer.param_groups
+    ]
 
 
 def _park_state(memory: HostMemory, value: Any, into: Any) -> Any:
