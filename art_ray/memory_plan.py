@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pydantic
 
 from art_ray.errors import ArtRayError
+from art_ray.trainer.packing import MAX_STEP_PREFIX_SHARE
 
 if TYPE_CHECKING:
     from art_ray.model_config import ModelConfig
@@ -225,10 +226,13 @@ def plan_gpu_memory(
     shards = world_size if zero_stage == 3 else 1
     gathered = sum(a * b for a, b in shape.linears().values()) * d if shards > 1 else 0
     tokens = sequence_length * micro_batch_rows
-    full_layer = tokens * (LAYER_HIDDEN_WORDS * h + LAYER_INTERMEDIATE_WORDS * i) * d
+    # a step's shared prefix (trainer/packing.py): its graph lives through the step, and every row's
+    # tokens attend to its keys besides their own
+    prefix = int(sequence_length * MAX_STEP_PREFIX_SHARE)
+    full_layer = (tokens + prefix) * (LAYER_HIDDEN_WORDS * h + LAYER_INTERMEDIATE_WORDS * i) * d
     # checkpointing keeps each layer's input and rebuilds one layer's graph at a time in backward
     graphs = 1 if gradient_checkpointing else layers
-    activations = (layers * tokens * h * d if gradient_checkpointing else 0) + graphs * full_layer
+    activations = (layers * (tokens + prefix) * h * d if gradient_checkpointing else 0) + graphs * full_layer
     return MemoryPlan(
         shape=shape, settings=settings, layout=layout, gpu_total=gpu_memory_bytes, engine_budget=budget,
         engine_weights=engine_weights, engine_lora_slots=engine_lora, engine_activation_reserve=reserve,
@@ -238,9 +242,10 @@ def plan_gpu_memory(
         trainer_weights=shape.num_parameters * d // shards + gathered,
         trainer_lora_state=lora * LORA_STATE_BYTES // (world_size if zero_stage else 1),  # ZeRO 1+ shard it
         trainer_activations=activations,
-        # the packed rows' boolean [rows, 1, L, L] mask lives through the step; SDPA's memory-efficient
-        # kernel turns it into an additive bias of the activations' dtype, kept by every layer's graph
-        trainer_attention_mask=micro_batch_rows * sequence_length**2 * (1 + d * graphs),
+        # the packed rows' boolean [rows, 1, L, prefix + L] mask lives through the step; SDPA's
+        # memory-efficient kernel turns it into an additive bias of the activations' dtype, kept by every
+        # layer's graph
+        trainer_attention_mask=tokens * (prefix + sequence_length) * (1 + d * graphs),
         # logits at the trained positions only (worker.py), which is every position in the worst case (a row
         # of completions): bf16 logits plus fp32 buffers (LOGITS_FP32_BUFFERS)
         trainer_logits=tokens * shape.vocab_size * (d + 4 * LOGITS_FP32_BUFFERS),
@@ -366,6 +371,7 @@ class CPUMemoryPlan(pydantic.BaseModel):
     trainer_lora_state: int
     trainer_activations: int
     trainer_tokens: int
+    trainer_step_prefix_tokens: int
 
     @property
     def engine(self) -> int:
@@ -385,7 +391,8 @@ class CPUMemoryPlan(pydantic.BaseModel):
         return (
             f"trainer rank {_gib(self.trainer)}: weights {_gib(self.trainer_weights)}, LoRA + Adam "
             f"{_gib(self.trainer_lora_state)}, activations and logits {_gib(self.trainer_activations)} "
-            f"({self.trainer_tokens} tokens a forward: micro_batch_rows x sequence_length)"
+            f"({self.trainer_tokens} tokens a forward: micro_batch_rows x sequence_length, after a step's "
+            f"shared prefix of up to {self.trainer_step_prefix_tokens})"
         )
 
 
@@ -406,6 +413,7 @@ def plan_cpu_memory(config: ModelConfig, shape: ModelShape, kv_cache_tokens: int
             gpu_plan.trainer_activations + gpu_plan.trainer_attention_mask + gpu_plan.trainer_logits
         ),
         trainer_tokens=config.sequence_length * config.micro_batch_rows,
+        trainer_step_prefix_tokens=int(config.sequence_length * MAX_STEP_PREFIX_SHARE),
     )
 
 

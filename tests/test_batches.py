@@ -11,7 +11,8 @@ from art_ray import History, Trajectory, TrajectoryGroup
 from art_ray.models import TINY, prepare
 from art_ray.trainer.batches import TokenizeStats, TokenSequence, history_sequences, tokenize_groups
 from art_ray.trainer.loss import token_logprobs
-from art_ray.trainer.packing import pack_sequences, segment_attention_mask
+from art_ray.trainer.packing import MIN_STEP_PREFIX, pack_sequences, pack_step, segment_attention_mask
+from art_ray.trainer.step_prefix import StepPrefix
 
 TOOL_CALL = {
     "id": "call_1",
@@ -225,18 +226,22 @@ def labelled(sequences: list[TokenSequence]) -> list[TokenSequence]:
     return sequences
 
 
-def assert_packed_equals_unpacked(model, sequences: list[TokenSequence], rows) -> None:
-    """Every trained token's logprob in the packed rows equals its logprob in its own unpacked forward
-    pass."""
+def assert_packed_equals_unpacked(
+    model, sequences: list[TokenSequence], rows, prefix: list[int] = ()
+) -> None:
+    """Every trained token's logprob in the packed rows (after the step's `prefix`, computed apart) equals
+    its logprob in its own unpacked forward pass."""
     packed: dict[int, list[torch.Tensor]] = {index: [] for index in range(len(sequences))}
+    step_prefix = StepPrefix(model, list(prefix), trains=False) if prefix else None
     with torch.no_grad():
         for row in rows:
             logits = model(
                 input_ids=torch.tensor([row.input_ids]),
                 position_ids=torch.tensor([row.position_ids]),
                 attention_mask=segment_attention_mask(
-                    torch.tensor([row.segment_ids]), torch.tensor([row.parent_ids])
+                    torch.tensor([row.segment_ids]), torch.tensor([row.parent_ids]), len(prefix)
                 ),
+                past_key_values=step_prefix.cache(1) if step_prefix else None,
             ).logits
             values = token_logprobs(logits, torch.tensor([row.target_ids]))[0]
             for position, weight in enumerate(row.weights):
@@ -294,6 +299,27 @@ def test_a_group_too_long_for_one_row_continues_in_another() -> None:
     rows = pack_sequences(group, 19 + 3 * 3)  # the prefix and three continuations per row
     assert len(rows) == 2
     assert [sum(w > 0 for w in row.weights) for row in rows] == [6, 6]
+
+
+def test_a_steps_common_prefix_is_cut_from_its_rows_and_computed_once(tiny_model) -> None:
+    system = list(range(5, 5 + MIN_STEP_PREFIX + 8))  # a system prompt every conversation starts with
+    groups = [[sampled([*system, 100 + g, 101], [30 + i, 40 + g, 50], g) for i in range(3)] for g in range(3)]
+    sequences = labelled([sequence for group in groups for sequence in group])
+    step = pack_step(sequences, 80)
+    # the prefix stops where the groups part; one row holds every group: its first question token once,
+    # then each sample's last context token and its 3 sampled tokens
+    assert step.prefix == system
+    assert len(step.rows) == 1 and step.rows[0].position_ids[0] == len(system)
+    assert 80 - step.rows[0].segment_ids.count(0) == 3 * (1 + 3 * 4)
+    assert_packed_equals_unpacked(tiny_model, sequences, step.rows, step.prefix)
+    # with the prefix in the rows, each group takes a row of its own and computes the prefix there
+    assert len(pack_sequences(sequences, 80)) == 3
+
+
+def test_a_short_common_start_stays_in_the_rows() -> None:
+    sequences = labelled([sampled([5, 6, 7, 100 + g], [30 + g, 31], g) for g in range(2)])
+    step = pack_step(sequences, 64)
+    assert step.prefix == [] and step.rows[0].position_ids[0] == 0
 
 
 def test_sequence_longer_than_a_row_is_an_error(tokenizer) -> None:

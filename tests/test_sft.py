@@ -82,7 +82,7 @@ def test_sft_batches_train_every_assistant_turn_at_ratio_one() -> None:
     )
     [shard] = sft_batches([served, plain, plain], Tokenizer(), SFTConfig(batch_size=2), 256, 1)
     assert shard.learning_rates == [5e-5, 5e-5] and len(shard.steps) == 2
-    first = shard.steps[0]
+    first = shard.steps[0].rows
     trained = [
         (row.target_ids[i], row.old_logprobs[i])
         for row in first

@@ -7,6 +7,12 @@ sibling, and its positions continue from the prefix. So every token sees exactly
 its own unpacked sequence, and the forward pass of a group's 8 samples of one 44-token prompt computes
 that prompt once instead of 8 times. The prefix stops one token short of the first sampled token: the
 last context token is the one that predicts it, so each continuation keeps its own copy.
+
+A step shares more than its groups do: every conversation of an agent starts with the same system
+prompt and tool schemas (507 of the email agent's ~760 tokens), and a group too long for one row repeats
+its prefix in every row it spans. `pack_step` cuts the context all of a step's sequences start with out
+of the rows: the trainer computes it once a step and every row attends to its keys and values, with
+positions continuing after it.
 """
 
 from __future__ import annotations
@@ -86,6 +92,59 @@ def _common_prefix(sequences: list[TokenSequence]) -> int:
     return length
 
 
+@dataclass
+class PackedStep:
+    """One optimizer step's rows and `prefix`, the context every sequence of the step starts with (empty:
+    none worth sharing), cut from the rows; the rows' positions continue after it."""
+
+    rows: list[PackedRow]
+    prefix: list[int] = field(default_factory=list)
+
+
+# A shorter common start is not worth a forward of its own (a chat template's first tokens are ~5).
+MIN_STEP_PREFIX = 32
+# At most this share of a row (memory_plan.py counts it): every row attends to the prefix's keys as well
+# as its own, and the prefix's graph lives through the step.
+MAX_STEP_PREFIX_SHARE = 0.5
+
+
+def pack_step(
+    sequences: list[TokenSequence],
+    row_length: int,
+    share_prefixes: bool = True,
+    share_step_prefix: bool = True,
+) -> PackedStep:
+    """`pack_sequences` after cutting the step's common prefix (at least MIN_STEP_PREFIX tokens, at most
+    MAX_STEP_PREFIX_SHARE of a row, never a token that predicts a sampled one) from every sequence;
+    `row_length` then counts the tokens after it."""
+    _check_fits(sequences, row_length)  # whole, as the engine saw them (sequence_length bounds a sequence)
+    length = _common_prefix(sequences) if share_step_prefix and len(sequences) > 1 else 0
+    length = min(length, int(row_length * MAX_STEP_PREFIX_SHARE))
+    if length < MIN_STEP_PREFIX:
+        return PackedStep(pack_sequences(sequences, row_length, share_prefixes))
+    rest = [
+        dataclasses.replace(
+            sequence,
+            input_ids=sequence.input_ids[length:],
+            trainable=sequence.trainable[length:],
+            logprobs=sequence.logprobs[length:],
+        )
+        for sequence in sequences
+    ]
+    return PackedStep(
+        pack_sequences(rest, row_length, share_prefixes, offset=length), sequences[0].input_ids[:length]
+    )
+
+
+def _check_fits(sequences: list[TokenSequence], row_length: int) -> None:
+    for sequence in sequences:
+        if len(sequence.input_ids) > row_length:
+            raise ValueError(
+                f"a sequence of {len(sequence.input_ids)} tokens does not fit sequence_length={row_length}: "
+                "raise the trainer's sequence_length"
+            )
+
+
 def _units(sequences: list[TokenSequence], row_length: int, share_prefixes: bool) -> list[_Unit]:
     by_group: dict[int, list[TokenSequence]] = defaultdict(list)
     for sequence in sequences:
@@ -105,17 +164,12 @@ def _units(sequences: list[TokenSequence], row_length: int, share_prefixes: bool
 
 
 def pack_sequences(
-    sequences: list[TokenSequence], row_length: int, share_prefixes: bool = True
+    sequences: list[TokenSequence], row_length: int, share_prefixes: bool = True, offset: int = 0
 ) -> list[PackedRow]:
     """First-fit-decreasing packing of units; padding only at each row's tail. A sequence longer than a
     row is an error: cutting its context or its sampled tokens would train on something the model never
-    saw."""
-    for sequence in sequences:
-        if len(sequence.input_ids) > row_length:
-            raise ValueError(
-                f"a sequence of {len(sequence.input_ids)} tokens does not fit sequence_length={row_length}: "
-                "raise the trainer's sequence_length"
-            )
+    saw. `offset`: the sequences continue a prefix of that many tokens (positions start there)."""
+    _check_fits(sequences, row_length)
     rows: list[list[_Unit]] = []
     space: list[int] = []
     for unit in sorted(_units(sequences, row_length, share_prefixes), key=lambda u: u.length, reverse=True):
@@ -127,10 +181,10 @@ def pack_sequences(
         else:
             rows.append([unit])
             space.append(row_length - unit.length)
-    return [_pack_row(units, row_length) for units in rows]
+    return [_pack_row(units, row_length, offset) for units in rows]
 
 
-def _pack_row(units: list[_Unit], row_length: int) -> PackedRow:
+def _pack_row(units: list[_Unit], row_length: int, offset: int) -> PackedRow:
     row = PackedRow()
     segment = 0
     for unit in units:
@@ -140,7 +194,7 @@ def _pack_row(units: list[_Unit], row_length: int) -> PackedRow:
             segment += 1
             parent = segment
             row.input_ids.extend(unit.prefix)
-            row.position_ids.extend(range(start))
+            row.position_ids.extend(range(offset, offset + start))
             row.segment_ids.extend([segment] * start)
             row.parent_ids.extend([0] * start)
             # prefix tokens only predict context: nothing to train
@@ -152,7 +206,7 @@ def _pack_row(units: list[_Unit], row_length: int) -> PackedRow:
             segment += 1
             ids = member.input_ids[start:]
             row.input_ids.extend(ids)
-            row.position_ids.extend(range(start, len(member.input_ids)))
+            row.position_ids.extend(range(offset + start, offset + len(member.input_ids)))
             row.segment_ids.extend([segment] * len(ids))
             row.parent_ids.extend([parent] * len(ids))
             # the token at t+1 is predicted at t; the last position of a sequence predicts nothing
@@ -166,8 +220,9 @@ def _pack_row(units: list[_Unit], row_length: int) -> PackedRow:
     return row
 
 
-def segment_attention_mask(segment_ids: Any, parent_ids: Any | None = None) -> Any:
-    """Boolean [batch, 1, L, L] mask: causal, within the same segment or into the token's prefix
+def segment_attention_mask(segment_ids: Any, parent_ids: Any | None = None, step_prefix: int = 0) -> Any:
+    """Boolean [batch, 1, L, step_prefix + L] mask: every real token attends to the step's prefix (the
+    first `step_prefix` keys, computed apart), then causally within its segment or into its prefix
     segment. Padding attends to itself alone, so no softmax row is empty."""
     import torch
 
@@ -178,4 +233,7 @@ def segment_attention_mask(segment_ids: Any, parent_ids: Any | None = None) -> A
     causal = torch.ones(length, length, dtype=torch.bool, device=segment_ids.device).tril()
     allowed &= causal & (segment_ids != 0).unsqueeze(-1)
     allowed |= torch.eye(length, dtype=torch.bool, device=segment_ids.device)
+    if step_prefix:
+        into_prefix = (segment_ids != 0).unsqueeze(-1).expand(*segment_ids.shape, step_prefix)
+        allowed = torch.cat([into_prefix, allowed], dim=-1)
     return allowed.unsqueeze(1)

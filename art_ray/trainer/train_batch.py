@@ -11,23 +11,28 @@ from typing import Any
 
 from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.trainer.batches import TokenizeStats, TokenSequence, sft_sequences, tokenize_groups
-from art_ray.trainer.packing import PackedRow, pack_sequences
+from art_ray.trainer.packing import PackedStep, pack_step
 from art_ray.trajectories import Trajectory, TrajectoryGroup
 
 
 @dataclass
 class RankBatch:
-    """One rank's share of a train call: its rows of each optimizer step (possibly none: it then
-    computes a zero-weight row to keep the collectives in step), each step's learning rate, and the
-    call's token statistics. No steps: nothing in the call was trainable."""
+    """One rank's share of a train call: each optimizer step's shared prefix and this rank's rows of it
+    (possibly none: it then computes a zero-weight row to keep the collectives in step), each step's
+    learning rate, and the call's token statistics. No steps: nothing in the call was trainable."""
 
-    steps: list[list[PackedRow]]
+    steps: list[PackedStep]
     learning_rates: list[float]
     stats: TokenizeStats
 
 
 def rl_batches(
-    groups: list[TrajectoryGroup], tokenizer: Any, config: TrainConfig, row_length: int, world_size: int
+    groups: list[TrajectoryGroup],
+    tokenizer: Any,
+    config: TrainConfig,
+    row_length: int,
+    world_size: int,
+    share_step_prefix: bool = True,
 ) -> list[RankBatch]:
     """GRPO: the trajectories split evenly into `num_gradient_steps` optimizer steps (a trajectory's
     sequences stay in one step), each step's token weights summing to 1."""
@@ -46,11 +51,16 @@ def rl_batches(
         step = [sequence for sequence in sequences if sequence.trajectory_id in members]
         if step:
             steps.append(step)
-    return _deal(steps, [config.learning_rate] * len(steps), stats, row_length, world_size)
+    return _deal(steps, [config.learning_rate] * len(steps), stats, row_length, world_size, share_step_prefix)
 
 
 def sft_batches(
-    trajectories: list[Trajectory], tokenizer: Any, config: SFTConfig, row_length: int, world_size: int
+    trajectories: list[Trajectory],
+    tokenizer: Any,
+    config: SFTConfig,
+    row_length: int,
+    world_size: int,
+    share_step_prefix: bool = True,
 ) -> list[RankBatch]:
     """SFT: `batch_size` trajectories per optimizer step, in order; each step's loss is the mean
     cross-entropy of its assistant tokens."""
@@ -63,7 +73,7 @@ def sft_batches(
         if step:
             steps.append(step)
             rates.append(rate)
-    return _deal(steps, rates, stats, row_length, world_size)
+    return _deal(steps, rates, stats, row_length, world_size, share_step_prefix)
 
 
 def _deal(
@@ -72,13 +82,14 @@ def _deal(
     stats: TokenizeStats,
     row_length: int,
     world_size: int,
+    share_step_prefix: bool,
 ) -> list[RankBatch]:
     shards = [RankBatch(steps=[], learning_rates=learning_rates, stats=stats) for _ in range(world_size)]
     for step in steps:
         total = sum(sequence.weight * sequence.num_trainable for sequence in step)
         for sequence in step:
             sequence.weight /= total
-        rows = pack_sequences(step, row_length)
+        packed = pack_step(step, row_length, share_step_prefix=share_step_prefix)
         for rank, shard in enumerate(shards):
-            shard.steps.append(rows[rank::world_size])
+            shard.steps.append(PackedStep(packed.rows[rank::world_size], packed.prefix))
     return shards

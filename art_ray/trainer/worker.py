@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -25,7 +26,7 @@ from art_ray.tinker.types import AdamStep, ForwardBackwardCall
 from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.trainer.config import TrainerConfig
 from art_ray.trainer.host_memory import host_memory
-from art_ray.trainer.packing import PackedRow, segment_attention_mask
+from art_ray.trainer.packing import PackedRow, PackedStep, segment_attention_mask
 from art_ray.trainer.runs import RunStates, RunStatus, group_key
 from art_ray.trainer.train_batch import RankBatch, rl_batches, sft_batches
 from art_ray.trajectories import Trajectory, TrajectoryGroup
@@ -34,6 +35,7 @@ if TYPE_CHECKING:  # torch loads on the rank: the driver imports this module to 
     import torch
 
     from art_ray.trainer.checkpoint_writer import BackgroundCheckpointEngine
+    from art_ray.trainer.step_prefix import StepPrefix
     from art_ray.trainer.tinker_step import ItemOutput
 
 CLIENT_STATE_STEP = "art_ray_step"
@@ -250,9 +252,9 @@ class TrainerWorker:
             tokens = sum(
                 sum(1 for segment in row.segment_ids if segment)
                 for shard in shards
-                for rows in shard.steps
-                for row in rows
-            )
+                for step in shard.steps
+                for row in step.rows
+            ) + sum(len(step.prefix) for step in shards[0].steps)  # a step's prefix is computed once
             if tokens > max_tokens:
                 raise QuotaExceededError(
                     f"this train call packs {tokens} tokens, over the {max_tokens} tokens a call its run's "
@@ -275,34 +277,43 @@ class TrainerWorker:
             # the policy before the first update: step 0 computes it as it trains (ratio 1); the later
             # steps' is computed now, before anything moves
             steps = [
-                [row.with_policy_logprobs(None) for row in steps[0]],
+                PackedStep([row.with_policy_logprobs(None) for row in steps[0].rows], steps[0].prefix),
                 *(
-                    [
-                        row.with_policy_logprobs(policy)
-                        for row, policy in zip(rows, self._logprobs(rows), strict=True)
-                    ]
-                    for rows in steps[1:]
+                    PackedStep(
+                        [
+                            row.with_policy_logprobs(policy)
+                            for row, policy in zip(step.rows, self._logprobs(step), strict=True)
+                        ],
+                        step.prefix,
+                    )
+                    for step in steps[1:]
                 ),
             ]
-        for index, (rows, learning_rate) in enumerate(zip(steps, batch.learning_rates, strict=True)):
-            metrics = self._gradient_step(rows, train_config, learning_rate)
+        for index, (step, learning_rate) in enumerate(zip(steps, batch.learning_rates, strict=True)):
+            metrics = self._gradient_step(step, train_config, learning_rate)
             metrics.update(batch.stats.metrics())
             metrics["train/gradient_step"] = float(index)
             yield metrics
         self._runs.set_step(run, self._runs.step(run) + 1)
 
     def _gradient_step(
-        self, rows: list[PackedRow], train_config: TrainConfig, learning_rate: float
+        self, step: PackedStep, train_config: TrainConfig, learning_rate: float
     ) -> dict[str, float]:
         start = time.perf_counter()
         for group in self.engine.optimizer.param_groups:
             group["lr"] = learning_rate
+        self.engine.train()
+        # every rank computes the step's prefix, rows or not: under ZeRO-3 each forward gathers parameters
+        # with the other ranks
+        prefix = self._step_prefix(step, trains=True)
+        reference = self._step_prefix(step, trains=False, base=True) if train_config.needs_reference else None
         totals, grad_norm = self._optimizer_step(
             [
-                lambda batch=batch: self._forward_backward(batch, train_config)
-                for batch in self._micro_batches(rows)
+                lambda batch=batch: self._forward_backward(batch, train_config, prefix, reference)
+                for batch in self._micro_batches(step.rows)
             ],
             train_config.max_grad_norm,
+            after_backward=(lambda: prefix.backward(self.engine)) if prefix else None,
         )
         seconds = time.perf_counter() - start
         loss, policy, kl, clip, entropy, tokens, weight = totals.tolist()
@@ -320,10 +331,13 @@ class TrainerWorker:
         }
 
     def _optimizer_step(
-        self, micro_batches: list[Callable[[], torch.Tensor]], max_grad_norm: float | None
+        self,
+        micro_batches: list[Callable[[], torch.Tensor]],
+        max_grad_norm: float | None,
+        after_backward: Callable[[], None] | None = None,
     ) -> tuple[torch.Tensor, float]:
         """Run each micro-batch's forward and backward (each returns its totals, summed over ranks here),
-        then one optimizer step; the totals and the gradient norm before clipping."""
+        `after_backward`, then one optimizer step; the totals and the gradient norm before clipping."""
         import torch
         import torch.distributed as dist
 
@@ -345,6 +359,8 @@ class TrainerWorker:
         totals = micro_batches[0]()
         for backward in micro_batches[1:]:
             totals += backward()
+        if after_backward is not None:
+            after_backward()
         self.engine.step()
         dist.all_reduce(totals, op=dist.ReduceOp.SUM)
         grad_norm = self.engine.get_global_grad_norm()
@@ -356,11 +372,20 @@ class TrainerWorker:
         micro = self.settings.micro_batch_rows
         return [rows[i : i + micro] for i in range(0, len(rows), micro)] or [[]]
 
+    def _step_prefix(self, step: PackedStep, trains: bool, base: bool = False) -> StepPrefix | None:
+        """The step's shared prefix computed now (None: the step has none); `base`: the base model's."""
+        from art_ray.trainer.step_prefix import StepPrefix
+
+        if not step.prefix:
+            return None
+        with self.engine.module.disable_adapter() if base else contextlib.nullcontext():
+            return StepPrefix(self.engine, step.prefix, trains)
+
     def _inputs(
-        self, batch: list[PackedRow]
+        self, batch: list[PackedRow], prefix_length: int = 0
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor, Callable[..., torch.Tensor | None]]:
-        """The model's inputs for a micro-batch, the positions that train a token, and a getter of a row
-        field's tensor at those positions."""
+        """The model's inputs for a micro-batch (after a step prefix of `prefix_length` tokens), the
+        positions that train a token, and a getter of a row field's tensor at those positions."""
         import torch
 
         from art_ray.trainer.loss import trained_positions
@@ -381,7 +406,9 @@ class TrainerWorker:
         inputs = {
             "input_ids": tensor("input_ids", torch.long),
             "position_ids": tensor("position_ids", torch.long),
-            "attention_mask": segment_attention_mask(segments, tensor("parent_ids", torch.long)),
+            "attention_mask": segment_attention_mask(
+                segments, tensor("parent_ids", torch.long), prefix_length
+            ),
         }
         # The output layer and its log-softmax run only where some row trains a token: prompts and tool
         # output are context, not targets (here ~a quarter of the positions, 6% of a step; with a 150k
@@ -395,17 +422,20 @@ class TrainerWorker:
 
         return inputs, keep, at_trained
 
-    def _logprobs(self, rows: list[PackedRow]) -> list[list[float]]:
-        """The current policy's logprob of each row's trained tokens (NaN elsewhere), by position."""
+    def _logprobs(self, step: PackedStep) -> list[list[float]]:
+        """The current policy's logprob of each of the step's trained tokens (NaN elsewhere), by row and
+        position."""
         import torch
 
         from art_ray.trainer.loss import token_logprobs
 
         result: list[list[float]] = []
-        for batch in self._micro_batches(rows):
-            inputs, keep, at_trained = self._inputs(batch)
+        prefix = self._step_prefix(step, trains=False)
+        for batch in self._micro_batches(step.rows):
+            inputs, keep, at_trained = self._inputs(batch, prefix.length if prefix else 0)
             with torch.no_grad():
-                logits = self.engine(**inputs, logits_to_keep=keep).logits
+                cache = prefix.cache(len(inputs["input_ids"])) if prefix else None
+                logits = self.engine(**inputs, past_key_values=cache, logits_to_keep=keep).logits
                 logprobs = token_logprobs(logits, at_trained("target_ids", torch.long))
             trained = at_trained("weights") > 0
             for index, row in enumerate(batch):
@@ -416,12 +446,19 @@ class TrainerWorker:
                 result.append(values)
         return result
 
-    def _forward_backward(self, batch: list[PackedRow], train_config: TrainConfig) -> torch.Tensor:
+    def _forward_backward(
+        self,
+        batch: list[PackedRow],
+        train_config: TrainConfig,
+        prefix: StepPrefix | None = None,
+        reference_prefix: StepPrefix | None = None,
+    ) -> torch.Tensor:
         import torch
 
         from art_ray.trainer.loss import policy_loss, token_entropy, token_logprobs
 
-        inputs, keep, at_trained = self._inputs(batch)
+        inputs, keep, at_trained = self._inputs(batch, prefix.length if prefix else 0)
+        rows = len(inputs["input_ids"])
         targets, segments = at_trained("target_ids", torch.long), at_trained("segment_ids", torch.long)
         old_logprobs, advantages, weights = (
             at_trained("old_logprobs"),
@@ -431,9 +468,11 @@ class TrainerWorker:
         reference = None
         if train_config.needs_reference:
             with torch.no_grad(), self.engine.module.disable_adapter():
-                ref_logits = self.engine(**inputs, logits_to_keep=keep).logits
+                cache = reference_prefix.cache(rows) if reference_prefix else None
+                ref_logits = self.engine(**inputs, past_key_values=cache, logits_to_keep=keep).logits
                 reference = token_logprobs(ref_logits, targets)
-        logits = self.engine(**inputs, logits_to_keep=keep).logits
+        cache = prefix.cache(rows) if prefix else None
+        logits = self.engine(**inputs, past_key_values=cache, logits_to_keep=keep).logits
         logprobs = token_logprobs(logits, targets)
         result = policy_loss(
             logprobs,
@@ -447,6 +486,8 @@ class TrainerWorker:
         )
         # DeepSpeed averages gradients over ranks; weights already sum to 1 over the global batch.
         self.engine.backward(result.loss * self.settings.world_size, scale_wrt_gas=False)
+        if prefix is not None:
+            prefix.gather()
         with torch.no_grad():
             entropy = (token_entropy(logits) * weights).sum()
         return torch.tensor(
