@@ -3,27 +3,13 @@ every row (tests/step_prefix_driver.py, in its own process: DeepSpeed's process 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from drivers import run_driver
 
 
 @pytest.mark.slow
 def test_a_rank_trains_through_a_step_prefix_computed_once_as_through_one_in_every_row() -> None:
-    driver = Path(__file__).with_name("step_prefix_driver.py")
-    done = subprocess.run(
-        [sys.executable, str(driver)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "DS_ACCELERATOR": "cpu"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout.strip().splitlines()[-1])
+    results = run_driver("step_prefix_driver.py")
     for name, result in results.items():
         assert result["prefix"] == [48, 0], (name, result)  # the 48 system tokens, then none
         assert result["rows"][0] < result["rows"][1], (name, result)  # rows hold more without it

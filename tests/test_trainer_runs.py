@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from drivers import run_driver
 
 from art_ray import ModelConfig
 from art_ray.placement import Reservation
@@ -45,16 +41,7 @@ def test_a_gpu_rank_swaps_runs_through_its_bf16_optimizer_wrapper_as_if_each_tra
     """The GPU trainer's engine (bf16 adapter, fp32 masters in DeepSpeed's mixed-precision wrapper) on the
     CPU accelerator: a run trained between two others' steps, swapped out each time, ends with exactly the
     adapter it gets on an engine of its own (tests/bf16_runs_driver.py)."""
-    driver = Path(__file__).with_name("bf16_runs_driver.py")
-    done = subprocess.run(
-        [sys.executable, str(driver)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "DS_ACCELERATOR": "cpu"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_driver("bf16_runs_driver.py")
     assert result["wrapper"] == "FP16_UnfusedOptimizer" and result["masters_apart"], result
     assert result["moved"] > 1e-3, result  # three steps at lr 1e-2 moved the adapter
     assert result["max_difference"] == 0.0, result
