@@ -105,6 +105,10 @@ def settings(task, args: argparse.Namespace) -> argparse.Namespace:  # noqa: ANN
         update["num_gradient_steps"] = args.num_gradient_steps
     if args.precalculate_logprobs is not None:
         update["precalculate_logprobs"] = args.precalculate_logprobs == "on"
+    if args.max_grad_norm is not None:
+        update["max_grad_norm"] = args.max_grad_norm
+    if args.beta is not None:
+        update["beta"] = args.beta
     defaults.train_config = task.train_config.model_copy(update=update)
     return defaults
 
@@ -318,6 +322,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="art-ray's old logprobs from its trainer, not the engine (TRL always computes its own; "
         "default: the example's)",
+    )
+    parser.add_argument(
+        "--max-grad-norm",
+        type=float,
+        default=None,
+        help="art-ray's gradient clip per optimizer step (default: the example's)",
+    )
+    parser.add_argument(
+        "--beta",
+        type=float,
+        default=None,
+        help="art-ray's KL penalty against the base model (default: the example's)",
     )
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--plot", type=Path, default=None, help="the PNG (default docs/learning_curves.png)")
