@@ -55,12 +55,7 @@ def rl_batches(
 
 
 def sft_batches(
-    trajectories: list[Trajectory],
-    tokenizer: Any,
-    config: SFTConfig,
-    row_length: int,
-    world_size: int,
-    share_step_prefix: bool = True,
+    trajectories: list[Trajectory], tokenizer: Any, config: SFTConfig, row_length: int, world_size: int
 ) -> list[RankBatch]:
     """SFT: `batch_size` trajectories per optimizer step, in order; each step's loss is the mean
     cross-entropy of its assistant tokens."""
@@ -73,7 +68,7 @@ def sft_batches(
         if step:
             steps.append(step)
             rates.append(rate)
-    return _deal(steps, rates, stats, row_length, world_size, share_step_prefix)
+    return _deal(steps, rates, stats, row_length, world_size, share_step_prefix=True)
 
 
 def _deal(
