@@ -371,11 +371,21 @@ async def test_an_idle_run_is_deleted_after_its_time_to_live(registered):
     config = CONFIG.model_copy(update={"share_trainer": True, "idle_ttl_s": 2.0})
     model = TrainableModel(name="sdk-idle", project="sdk-tests", base_model="tiny", config=config)
     await model.register(backend)
+
+    def still_served() -> bool:
+        return any(name.split("@")[0] == model.name for name in served_names(first))
+
+    assert await asyncio.to_thread(still_served)
     for _ in range(4):  # 4 s of calls a second apart: past its time-to-live, but never idle that long
         await asyncio.sleep(1.0)
         assert await model.get_step() == 0
+
+    # the reaper deletes in the background: the run stops being registered at once, and its names stop
+    # being served once its last checkpoint is written and every replica has unloaded them
     deadline = time.monotonic() + 30
-    while backend.is_registered(model.name) and time.monotonic() < deadline:
+    while (backend.is_registered(model.name) or await asyncio.to_thread(still_served)) and (
+        time.monotonic() < deadline
+    ):
         await asyncio.sleep(0.25)
     assert not backend.is_registered(model.name)
     with pytest.raises(openai.NotFoundError):
