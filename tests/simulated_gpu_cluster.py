@@ -16,7 +16,7 @@ from ray.cluster_utils import Cluster
 
 from art_ray import ModelConfig, RayBackend, TrainableModel
 from art_ray.placement import cluster_shapes, plan_model
-from art_ray.trainer.worker import deepspeed_config
+from art_ray.trainer.engine import deepspeed_config
 
 
 def configs(backend: RayBackend, model: TrainableModel) -> dict:

@@ -9,7 +9,7 @@ import sys
 from torch.utils.file_baton import FileBaton
 
 STARTS_WITHOUT_SHM_OP = """
-from art_ray.trainer.worker import skip_shared_memory_allreduce
+from art_ray.trainer.engine import skip_shared_memory_allreduce
 from deepspeed.comm.torch import build_shm_op
 skip_shared_memory_allreduce()
 assert build_shm_op() is None

@@ -60,7 +60,7 @@ class StepPrefix:
         """The gathered gradient through the prefix's forward, inside the optimizer step: DeepSpeed reduces
         it over ranks with the rows' own at step(). engine.backward scales this as it scaled the rows'
         losses, which the gathered gradient already carries: the trainer runs fp32 or bf16 (no fp16 loss
-        scaling, worker.deepspeed_config), where that scale is 1."""
+        scaling, engine.deepspeed_config), where that scale is 1."""
         if self._grads is None:
             return
         tensors = [tensor for pair in self.key_values for tensor in pair]

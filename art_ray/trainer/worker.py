@@ -25,6 +25,7 @@ from art_ray.errors import QuotaExceededError
 from art_ray.tinker.types import AdamStep, ForwardBackwardCall
 from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.trainer.config import TrainerConfig
+from art_ray.trainer.engine import build_engine
 from art_ray.trainer.host_memory import host_memory
 from art_ray.trainer.packing import PackedRow, PackedStep, segment_attention_mask
 from art_ray.trainer.runs import RunStates, RunStatus, group_key
@@ -48,47 +49,6 @@ CHECKPOINT_GROUP = "checkpoint"
 KEEP_CAPTURED = 2
 # Written last into a checkpoint folder: a folder without it is an interrupted checkpoint, never resumed from
 STATE_FILE = "trainer_state.json"
-
-
-def skip_shared_memory_allreduce() -> None:
-    """Keep DeepSpeed's CPU backend from loading its shared-memory all-reduce op.
-
-    Only tensor-parallel inference uses that op; training reduces through gloo. Loading it takes a lock
-    file under ~/.cache/torch_extensions in every process, even when the op is already built, and a
-    process killed while holding it (a rank killed during setup) leaves the file behind: every later
-    trainer on the machine then waits on it forever.
-    """
-    import deepspeed.ops
-    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
-
-    deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
-
-
-def deepspeed_config(config: TrainerConfig, on_gpu: bool) -> dict[str, Any]:
-    return {
-        "train_micro_batch_size_per_gpu": 1,
-        "gradient_accumulation_steps": 1,
-        # Rows per rank vary from step to step: we own the accumulation boundary (engine.step()).
-        "managed_gradient_accumulation": False,
-        "zero_optimization": {"stage": config.settings.zero_stage},
-        "bf16": {"enabled": on_gpu},
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
-
-
-def _keep_only_trainable_in_state_dict(model: torch.nn.Module) -> None:
-    """Checkpoints hold the adapter only: the base model is reloaded from its files. DeepSpeed's
-    `exclude_frozen_parameters` misses tied weights (lm_head shares the embedding, so it is not in
-    named_parameters) and would write the whole embedding matrix into every checkpoint."""
-    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
-
-    def drop_frozen(module: torch.nn.Module, state: dict, prefix: str, local_metadata: dict) -> None:
-        for key in [key for key in state if key.startswith(prefix)]:
-            if key[len(prefix) :] not in trainable:
-                del state[key]
-
-    model.register_state_dict_post_hook(drop_frozen)
 
 
 class TrainerWorker:
@@ -128,8 +88,6 @@ class TrainerWorker:
         return ray.util.get_node_ip_address(), port
 
     def setup(self, master_addr: str, master_port: int) -> None:
-        import torch
-
         # DeepSpeed tries MPI discovery unless these are set, inside Ray actors too.
         os.environ.update(
             {
@@ -140,37 +98,13 @@ class TrainerWorker:
                 "LOCAL_RANK": "0" if self.on_gpu else str(self.rank),
             }
         )
-        import deepspeed
-        from peft import get_peft_model, set_peft_model_state_dict
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from art_ray.adapters.lora_files import initial_adapter
+        from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.config.base_model)
-        dtype = torch.bfloat16 if self.on_gpu else torch.float32
-        model = AutoModelForCausalLM.from_pretrained(
-            self.config.base_model, dtype=dtype, attn_implementation="sdpa"
+        self.engine = build_engine(
+            self.config, bf16=self.on_gpu, dist_backend="nccl" if self.on_gpu else "gloo"
         )
-        model = get_peft_model(model, self.settings.lora.peft_config(self.config.base_model))
-        # Start from exactly the step-0 adapter the replicas serve.
-        set_peft_model_state_dict(
-            model, initial_adapter(self.config.base_model, self.settings.lora, self.settings.seed)
-        )
-        parameters = [p for p in model.parameters() if p.requires_grad]
-        _keep_only_trainable_in_state_dict(model)
-        optimizer = torch.optim.AdamW(
-            parameters,
-            lr=1e-5,
-            betas=self.settings.adam_betas,
-            eps=self.settings.adam_epsilon,
-            weight_decay=self.settings.weight_decay,
-        )
-        if not self.on_gpu:
-            skip_shared_memory_allreduce()
-        deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo")
-        self.engine, *_ = deepspeed.initialize(
-            model=model, optimizer=optimizer, config=deepspeed_config(self.config, self.on_gpu)
-        )
+
         from art_ray.trainer.checkpoint_writer import BackgroundCheckpointEngine
 
         self.checkpoint_writer = BackgroundCheckpointEngine(self.engine._config)
