@@ -30,6 +30,7 @@ from art_ray.model_config import ModelConfig
 from art_ray.pipeline import PipelineTrainer, StepReport
 from art_ray.placement import PlacementError
 from art_ray.remote.client import HTTPBackend, RemoteTrainingError
+from art_ray.sampling import SamplingParams
 from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.train_result import GradientStep, TrainResult
 from art_ray.trajectories import (
@@ -105,6 +106,7 @@ __all__ = [
     "QuotaExceededError",
     "PydanticException",
     "SampledTokens",
+    "SamplingParams",
     "TrainConfig",
     "TrainResult",
     "GradientStep",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 
 from art_ray.errors import NothingToTrainError
+from art_ray.sampling import CHOICE_KEY
 from art_ray.trajectories import TrajectoryGroup, is_choice
 
 
@@ -44,5 +45,26 @@ def check_train_groups(groups: list[TrajectoryGroup], plain_assistant_trains: bo
         warnings.warn(
             "no group has trajectories with different rewards, so no trajectory has an advantage: the "
             "step advances with the same adapter",
-            stacklevel=3,
+            stacklevel=4,
         )
+
+
+def choices_without_sampling_params(groups: list[TrajectoryGroup]) -> int:
+    """How many of the groups' served choices carry no recorded sampling parameters: they train at
+    temperature 1 (trajectories of older versions, built by hand, or ART's)."""
+    return sum(
+        CHOICE_KEY not in (choice.model_extra or {})
+        for group in groups
+        for trajectory in group.trajectories
+        for history in trajectory.histories()
+        for choice in history.trainable_choices()
+    )
+
+
+def warn_unrecorded_sampling(model_name: str, count: int) -> None:
+    warnings.warn(
+        f"{model_name}: {count} choice(s) carry no sampling_params (not served by an art-ray endpoint of "
+        "this version, or built by hand): they train at temperature 1, which is right only if they were "
+        "sampled at it. Said once per run.",
+        stacklevel=4,
+    )

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pydantic
 
 from art_ray.errors import MissingTokenDataError
+from art_ray.sampling import CHOICE_KEY, SamplingParams
 
 if TYPE_CHECKING:
     from openai.types.chat.chat_completion import Choice
@@ -95,11 +96,30 @@ def _coerce_messages_and_choices(value: Any) -> Any:
 
 
 class SampledTokens(pydantic.BaseModel):
-    """The tokens the engine sampled for one choice: what the trainer trains on."""
+    """The tokens the engine sampled for one choice: what the trainer trains on. `sampling_params`: what
+    they were drawn with (None: not recorded, as in trajectories of older versions, built by hand or by
+    ART, which train at temperature 1)."""
 
     token_ids: list[int]
     logprobs: list[float]
     prompt_token_ids: list[int] | None = None
+    sampling_params: SamplingParams | None = None
+
+    @property
+    def temperature(self) -> float:
+        """The temperature the trainer computes these tokens' logprobs at."""
+        return self.sampling_params.training_temperature if self.sampling_params is not None else 1.0
+
+
+def choice_sampling_params(choice: Choice) -> SamplingParams | None:
+    """The sampling parameters the endpoint recorded on a served choice, if it did."""
+    recorded = (choice.model_extra or {}).get(CHOICE_KEY)
+    if recorded is None:
+        return None
+    try:
+        return SamplingParams.model_validate(recorded)
+    except pydantic.ValidationError as error:
+        raise MissingTokenDataError(f"choice has invalid {CHOICE_KEY}: {error}") from None
 
 
 def _token_id_from_logprob_token(token: str) -> int | None:
@@ -137,7 +157,10 @@ def sampled_tokens(choice: Choice) -> SampledTokens:
         if math.isnan(value):
             raise MissingTokenDataError("choice has a NaN logprob")
     return SampledTokens(
-        token_ids=list(token_ids), logprobs=logprobs, prompt_token_ids=extra.get("prompt_token_ids")
+        token_ids=list(token_ids),
+        logprobs=logprobs,
+        prompt_token_ids=extra.get("prompt_token_ids"),
+        sampling_params=choice_sampling_params(choice),
     )
 
 

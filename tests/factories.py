@@ -39,6 +39,7 @@ def served_choice(
     prompt_token_ids: tuple[int, ...] | None = (1, 2, 3),
     with_token_ids: bool = True,
     tool_calls: list[dict] | None = None,
+    sampling_params: dict | None = None,
 ) -> Choice:
     """A Choice as vLLM returns it with return_token_ids and return_tokens_as_token_ids."""
     data: dict = {
@@ -56,4 +57,6 @@ def served_choice(
         data["token_ids"] = list(token_ids)
     if prompt_token_ids is not None:
         data["prompt_token_ids"] = list(prompt_token_ids)
+    if sampling_params is not None:
+        data["sampling_params"] = sampling_params
     return Choice.model_validate(data)

@@ -16,7 +16,9 @@ class CapturedTurn(pydantic.BaseModel):
 
     `choice` is the choice as the client received it after art-ray's middleware: OpenAI's
     `ChatCompletion.choices[i]` shape (`index`, `message`, `finish_reason`, `logprobs`) plus the extra keys
-    `token_ids`, `prompt_token_ids` and `policy_version`.
+    `token_ids`, `prompt_token_ids`, `policy_version` and `sampling_params` (what it was sampled with:
+    art_ray/sampling.py; a streamed turn's come from its request, with `max_tokens` only where it set one).
+    `completion_id`: the response's `id` (`chatcmpl-...`, `cmpl-...`), by which feedback can name the turn.
     """
 
     request_messages: list[dict[str, Any]]
@@ -24,3 +26,4 @@ class CapturedTurn(pydantic.BaseModel):
     choice: dict[str, Any]
     model: str
     created_at: float
+    completion_id: str | None = None

@@ -29,6 +29,7 @@ from urllib.parse import parse_qs
 
 from art_ray.adapters.spec import InvalidModelNameError, parse_versioned_name
 from art_ray.capture.turns import CapturedTurn
+from art_ray.sampling import CHOICE_KEY, SamplingParams
 from art_ray.serving.asgi import (
     OPENAI_ERROR_TYPES,
     Message,
@@ -170,6 +171,7 @@ class CaptureMiddleware:
             return
         response = _Response(stream=bool(payload.get("stream")), chat=chat)
         request_messages = (payload.get("messages") or []) if chat else _prompt_messages(prompt)
+        sampling = SamplingParams.of_request(payload)
 
         async def recorded(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -179,12 +181,15 @@ class CaptureMiddleware:
                 if not message.get("more_body"):  # the last byte waits until the turn is stored
                     choice = response.choice()
                     if choice is not None:
+                        if sampling is not None:  # a stream's choice has none of its own
+                            choice.setdefault(CHOICE_KEY, sampling.as_choice_field())
                         turn = CapturedTurn(
                             request_messages=request_messages,
                             tools=payload.get("tools"),
                             choice=choice,
                             model=payload["model"],
                             created_at=time.time(),
+                            completion_id=response.completion_id(),
                         )
                         await self.store.append.remote(session_id, digest, turn)
             await send(message)
@@ -222,7 +227,7 @@ def completion_as_chat_choice(choice: dict[str, Any]) -> dict[str, Any]:
         "logprobs": {"content": content} if content else None,
         "token_ids": choice.get("token_ids") or [],
     }
-    for key in ("prompt_token_ids", "policy_version"):
+    for key in ("prompt_token_ids", "policy_version", CHOICE_KEY):
         if choice.get(key) is not None:
             chat[key] = choice[key]
     return chat
@@ -241,25 +246,39 @@ class _Response:
     def feed(self, chunk: bytes) -> None:
         self._chunks.append(chunk)
 
-    def choice(self) -> dict[str, Any] | None:
+    def _events(self) -> list[dict[str, Any]]:
+        """The response's JSON objects: its body, or each event of a stream."""
         body = b"".join(self._chunks)
         if not self.stream:
             try:
-                choices = json.loads(body).get("choices") or []
+                response = json.loads(body)
             except ValueError:
-                return None
-            if not choices:
-                return None
-            return choices[0] if self.chat else completion_as_chat_choice(choices[0])
+                return []
+            return [response] if isinstance(response, dict) else []
         events = []
         for line in body.decode("utf-8", errors="replace").splitlines():
             data = line.removeprefix("data:").strip() if line.startswith("data:") else ""
             if data and data != "[DONE]":
                 try:
-                    events.append(json.loads(data))
+                    event = json.loads(data)
                 except ValueError:
                     continue
+                if isinstance(event, dict):
+                    events.append(event)
+        return events
+
+    def choice(self) -> dict[str, Any] | None:
+        events = self._events()
+        if not self.stream:
+            choices = (events[0].get("choices") or []) if events else []
+            if not choices:
+                return None
+            return choices[0] if self.chat else completion_as_chat_choice(choices[0])
         return merge_stream(events) if self.chat else merge_completion_stream(events)
+
+    def completion_id(self) -> str | None:
+        """The response's `id` (every chunk of a stream carries the same one)."""
+        return next((event["id"] for event in self._events() if isinstance(event.get("id"), str)), None)
 
 
 def _served_step(chunk: dict[str, Any]) -> int | None:

@@ -74,6 +74,12 @@ class EngineConfig(pydantic.BaseModel):
             "max_num_seqs": self.max_num_seqs,
             "enforce_eager": on_cpu if self.enforce_eager is None else self.enforce_eager,
             "seed": self.seed,
+            # each sampled token's logprob is that of the distribution it was drawn from (after
+            # temperature), which the trainer reproduces at the token's temperature (art_ray/sampling.py)
+            "logprobs_mode": "processed_logprobs",
+            # a request's unset sampling parameters are vLLM's defaults (temperature 1, no top_p or top_k),
+            # not the model's generation_config, so what the endpoint records is what was sampled with
+            "generation_config": "vllm",
         }
         if on_cpu:
             # a placeholder until the engine's config knows the bytes a token takes (cpu_kv_cache_bytes):

@@ -5,9 +5,10 @@
   has). An invalid name is a 400; the base model is unlisted, and a 404 for run keys.
 - A generation request that names no `max_tokens` gets the app's `default_max_tokens`.
 - Generation requests default to `logprobs` and `return_token_ids`, so every choice carries its
-  sampled token ids and logprobs; non-streaming choices also get `policy_version` (the step that sampled
-  them) and, in chat, the response's `prompt_token_ids`, so a Choice appended to a Trajectory alone holds
-  what the trainer needs.
+  sampled token ids and logprobs (of the distribution it was sampled from, after temperature); non-streaming
+  choices also get `policy_version` (the step that sampled them), `sampling_params` (temperature, top_p,
+  top_k, seed, max_tokens: art_ray/sampling.py) and, in chat, the response's `prompt_token_ids`, so a
+  Choice appended to a Trajectory alone holds what the trainer needs.
 - `/v1/models` lists the loaded versions plus one alias per model for its latest version.
 - A run key sees its own runs only (art_ray/access.py): another run's name is answered as an unknown one,
   and `/v1/models` lists only what the caller sees.
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from art_ray.adapters.spec import InvalidModelNameError, parse_versioned_name, versioned_name
+from art_ray.sampling import CHOICE_KEY, DEFAULT_TEMPERATURE, SamplingParams
 from art_ray.serving.asgi import (
     Caller,
     Message,
@@ -97,7 +99,8 @@ class ModelRoutingMiddleware:
         scope = {**scope, "headers": with_content_length(scope["headers"], len(new_body))}
         if not payload.get("stream"):
             _, step = parse_versioned_name(payload["model"])
-            send = _rewrite_json(send, lambda response: _annotate_choices(response, step))
+            sampling = SamplingParams.of_request(payload)
+            send = _rewrite_json(send, lambda response: _annotate_choices(response, step, sampling))
         await self.app(scope, replay(new_body, receive), send)
 
     async def _rewrite_request(self, payload: dict, chat: bool, caller: Caller) -> None:
@@ -118,6 +121,8 @@ class ModelRoutingMiddleware:
             await self._route_version(payload, model, caller)
         if payload.get("max_tokens") is None and payload.get("max_completion_tokens") is None:
             payload["max_tokens"] = self.default_max_tokens
+        if payload.get("temperature") is None:  # said, so that the recorded temperature is the one used
+            payload["temperature"] = DEFAULT_TEMPERATURE
         payload.setdefault("return_token_ids", True)
         if chat:
             if payload.get("logprobs") is None:
@@ -164,15 +169,17 @@ def _card_model(card: dict) -> str:
         return str(card.get("id"))
 
 
-def _annotate_choices(response: dict, step: int | None) -> dict:
+def _annotate_choices(response: dict, step: int | None, sampling: SamplingParams | None) -> dict:
     """Each choice carries what a Trajectory needs of it alone: the response's `prompt_token_ids` (chat),
-    and `policy_version`, the trained step that sampled it."""
+    `policy_version`, the trained step that sampled it, and the `sampling_params` it was drawn with."""
     prompt_token_ids = response.get("prompt_token_ids")
     for choice in response.get("choices", []):
         if prompt_token_ids is not None:
             choice.setdefault("prompt_token_ids", prompt_token_ids)
         if step is not None:
             choice["policy_version"] = step
+        if sampling is not None:
+            choice[CHOICE_KEY] = sampling.as_choice_field()
     return response
 
 

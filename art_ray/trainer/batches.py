@@ -45,15 +45,18 @@ class TokenSequence:
     input_ids: list[int] = field(default_factory=list)
     trainable: list[bool] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)  # NaN on context tokens
+    # the temperature each token was sampled at (1.0 on context): its logprobs are computed at it
+    temperatures: list[float] = field(default_factory=list)
     advantage: float = 0.0
     weight: float = 0.0  # per trainable token
     trajectory_id: int = 0
     group_id: int = 0
 
-    def extend(self, ids: list[int], logprobs: list[float] | None = None) -> None:
+    def extend(self, ids: list[int], logprobs: list[float] | None = None, temperature: float = 1.0) -> None:
         self.input_ids.extend(ids)
         self.trainable.extend([logprobs is not None] * len(ids))
         self.logprobs.extend(logprobs if logprobs is not None else [math.nan] * len(ids))
+        self.temperatures.extend([temperature] * len(ids))
 
     @property
     def num_trainable(self) -> int:
@@ -68,6 +71,11 @@ class TokenizeStats:
     tokenization_drift: int = 0
     tokenization_drift_cuts: int = 0
     trainable_tokens: int = 0
+    # choices trained at temperature 1 because they carry no sampling parameters (older versions', built
+    # by hand, ART's), and choices sampled from a truncated distribution (top_p, top_k) the trainer does
+    # not reproduce
+    choices_without_sampling_params: int = 0
+    choices_truncated: int = 0
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -77,6 +85,8 @@ class TokenizeStats:
             "data/tokenization_drift": float(self.tokenization_drift),
             "data/tokenization_drift_cuts": float(self.tokenization_drift_cuts),
             "data/step_trainable_tokens": float(self.trainable_tokens),
+            "data/choices_without_sampling_params": float(self.choices_without_sampling_params),
+            "data/choices_truncated": float(self.choices_truncated),
         }
 
 
@@ -131,10 +141,17 @@ def history_sequences(
     seen: list[int] = []
     turn_end_token: int | None = None
     for index, item in enumerate(messages_and_choices):
+        temperature = 1.0
         if isinstance(item, Choice):
             tokens = sampled_tokens(item)
             prompt = tokens.prompt_token_ids or _render(tokenizer, messages[:index], tools)
             token_ids, logprobs = tokens.token_ids, tokens.logprobs
+            if sampled_logprobs:  # SFT trains the tokens as data, at temperature 1
+                temperature = tokens.temperature
+                if tokens.sampling_params is None:
+                    stats.choices_without_sampling_params += 1
+                elif tokens.sampling_params.truncates:
+                    stats.choices_truncated += 1
         elif plain_assistant and item.get("role") == "assistant":
             prompt = _render(tokenizer, messages[:index], tools)
             token_ids = _assistant_message_ids(tokenizer, messages, index, tools)
@@ -155,7 +172,7 @@ def history_sequences(
                 current.extend(prompt)
             else:
                 current.extend(prompt[resume:])
-        current.extend(token_ids, logprobs)
+        current.extend(token_ids, logprobs, temperature)
         previous_prompt, seen = prompt, [*prompt, *token_ids]
         ends_turn = bool(token_ids) and token_ids[-1] in special
         turn_end_token = token_ids[-1] if ends_turn and not special.intersection(token_ids[:-1]) else None

@@ -106,11 +106,22 @@ def trained_positions(weights: torch.Tensor) -> torch.Tensor:
     return positions if positions.numel() else torch.zeros(1, dtype=torch.long, device=weights.device)
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log p(target) for each position: logits [..., T, V], targets [..., T]."""
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+def _tempered(logits: torch.Tensor, temperatures: torch.Tensor | None) -> torch.Tensor:
+    logits = logits.float()
+    return logits if temperatures is None else logits / temperatures.unsqueeze(-1)
 
 
-def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    log_probs = torch.log_softmax(logits.float(), dim=-1)
+def token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperatures: torch.Tensor | None = None
+) -> torch.Tensor:
+    """log p(target) for each position under softmax(logits / T), each position at the temperature its
+    token was sampled at: logits [..., T, V], targets and temperatures [..., T] (None: 1 everywhere).
+    The one function for the trainer's logprobs, the reference model's and precalculated old ones."""
+    log_probs = torch.log_softmax(_tempered(logits, temperatures), dim=-1)
+    return log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def token_entropy(logits: torch.Tensor, temperatures: torch.Tensor | None = None) -> torch.Tensor:
+    """The entropy of the distribution each position was sampled from."""
+    log_probs = torch.log_softmax(_tempered(logits, temperatures), dim=-1)
     return -(log_probs.exp() * log_probs).sum(-1)

@@ -38,6 +38,8 @@ class PackedRow:
     # Targets are shifted: index t holds the data for predicting input_ids[t + 1].
     target_ids: list[int] = field(default_factory=list)
     old_logprobs: list[float] = field(default_factory=list)
+    # the temperature the target was sampled at: every logprob of it is computed at that temperature
+    temperatures: list[float] = field(default_factory=list)
     advantages: list[float] = field(default_factory=list)
     weights: list[float] = field(default_factory=list)
     # the sampler's logprobs when old_logprobs are the trainer's (precalculate_logprobs), else empty
@@ -63,6 +65,7 @@ class PackedRow:
             ("parent_ids", 0),
             ("target_ids", 0),
             ("old_logprobs", 0.0),
+            ("temperatures", 1.0),
             ("advantages", 0.0),
             ("weights", 0.0),
         ):
@@ -128,6 +131,7 @@ def pack_step(
             input_ids=sequence.input_ids[length:],
             trainable=sequence.trainable[length:],
             logprobs=sequence.logprobs[length:],
+            temperatures=sequence.temperatures[length:],
         )
         for sequence in sequences
     ]
@@ -200,6 +204,7 @@ def _pack_row(units: list[_Unit], row_length: int, offset: int) -> PackedRow:
             # prefix tokens only predict context: nothing to train
             row.target_ids.extend([*unit.prefix[1:], 0])
             row.old_logprobs.extend([0.0] * start)
+            row.temperatures.extend([1.0] * start)
             row.advantages.extend([0.0] * start)
             row.weights.extend([0.0] * start)
         for member in unit.members:
@@ -214,6 +219,8 @@ def _pack_row(units: list[_Unit], row_length: int, offset: int) -> PackedRow:
             trainable = [*member.trainable[start + 1 :], False]
             logprobs = [*member.logprobs[start + 1 :], math.nan]
             row.old_logprobs.extend(lp if t else 0.0 for lp, t in zip(logprobs, trainable, strict=True))
+            temperatures = [*member.temperatures[start + 1 :], 1.0]
+            row.temperatures.extend(tt if t else 1.0 for tt, t in zip(temperatures, trainable, strict=True))
             row.advantages.extend(member.advantage if t else 0.0 for t in trainable)
             row.weights.extend(member.weight if t else 0.0 for t in trainable)
     row._pad(row_length - len(row.input_ids))

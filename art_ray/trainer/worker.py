@@ -250,13 +250,14 @@ class TrainerWorker:
             after_backward=(lambda: prefix.backward(self.engine)) if prefix else None,
         )
         seconds = time.perf_counter() - start
-        loss, policy, kl, clip, entropy, tokens, weight = totals.tolist()
+        loss, policy, kl, clip, entropy, old_logprob_diff, tokens, weight = totals.tolist()
         return {
             "loss/train": loss,
             "loss/policy": policy,
             "loss/kl": kl,
             "loss/entropy": entropy / max(weight, 1e-12),
             "loss/clip_fraction": clip / max(weight, 1e-12),
+            "loss/old_logprob_diff": old_logprob_diff / max(weight, 1e-12),
             "loss/grad_norm": grad_norm,
             "loss/learning_rate": learning_rate,
             "data/trained_tokens": tokens,
@@ -370,7 +371,8 @@ class TrainerWorker:
             with torch.no_grad():
                 cache = prefix.cache(len(inputs["input_ids"])) if prefix else None
                 logits = self.engine(**inputs, past_key_values=cache, logits_to_keep=keep).logits
-                logprobs = token_logprobs(logits, at_trained("target_ids", torch.long))
+                targets, temperatures = at_trained("target_ids", torch.long), at_trained("temperatures")
+                logprobs = token_logprobs(logits, targets, temperatures)
             trained = at_trained("weights") > 0
             for index, row in enumerate(batch):
                 values = [math.nan] * len(row.input_ids)
@@ -394,6 +396,7 @@ class TrainerWorker:
         inputs, keep, at_trained = self._inputs(batch, prefix.length if prefix else 0)
         rows = len(inputs["input_ids"])
         targets, segments = at_trained("target_ids", torch.long), at_trained("segment_ids", torch.long)
+        temperatures = at_trained("temperatures")
         old_logprobs, advantages, weights = (
             at_trained("old_logprobs"),
             at_trained("advantages"),
@@ -404,10 +407,10 @@ class TrainerWorker:
             with torch.no_grad(), self.engine.module.disable_adapter():
                 cache = reference_prefix.cache(rows) if reference_prefix else None
                 ref_logits = self.engine(**inputs, past_key_values=cache, logits_to_keep=keep).logits
-                reference = token_logprobs(ref_logits, targets)
+                reference = token_logprobs(ref_logits, targets, temperatures)
         cache = prefix.cache(rows) if prefix else None
         logits = self.engine(**inputs, past_key_values=cache, logits_to_keep=keep).logits
-        logprobs = token_logprobs(logits, targets)
+        logprobs = token_logprobs(logits, targets, temperatures)
         result = policy_loss(
             logprobs,
             old_logprobs,
@@ -423,7 +426,12 @@ class TrainerWorker:
         if prefix is not None:
             prefix.gather()
         with torch.no_grad():
-            entropy = (token_entropy(logits) * weights).sum()
+            entropy = (token_entropy(logits, temperatures) * weights).sum()
+            # how far the ratio's denominator is from this policy: at a call's first step (before any
+            # update) the sampler's distance from the trainer, ~0 when both compute the same distribution
+            old = old_logprobs if old_logprobs is not None else logprobs
+            drift = torch.where(torch.isnan(old), torch.zeros_like(old), (logprobs - old).abs())
+            old_logprob_diff = (drift * weights).sum()
         return torch.tensor(
             [
                 result.loss.item(),
@@ -431,6 +439,7 @@ class TrainerWorker:
                 result.kl.item(),
                 result.clip_fraction.item() * weights.sum().item(),
                 entropy.item(),
+                old_logprob_diff.item(),
                 result.trained_tokens.item(),
                 weights.sum().item(),
             ],
