@@ -53,7 +53,10 @@ def _serve(args: argparse.Namespace) -> int:
 
     schema = ServeDeploySchema.model_validate(yaml.safe_load(Path(args.config).read_text()))
     _connect(args.address)
-    listening = start_serve(schema.http_options.host, schema.http_options.port)
+    http = schema.http_options
+    # a port the file names is asked for; none named: 8000 if free, else a free one (art_ray/serve_port.py)
+    port = http.port if "port" in http.model_fields_set else None
+    listening = start_serve(http.host, port, f"http_options.port in {args.config}")
     for app in schema.applications:
         if app.import_path != "art_ray.serving.entrypoint:app_builder":
             print(f"skipping {app.name}: not an art-ray app ({app.import_path})", file=sys.stderr)
@@ -78,7 +81,9 @@ def _serve_training(args: argparse.Namespace) -> int:
         tinker=TinkerConfig(base_models=args.tinker_base_model or ["smollm2-135m"]) if args.tinker else None,
     )
     _connect(args.address)
-    url = start_training_server(config, args.host, args.port, route_prefix=args.route_prefix)
+    url = start_training_server(
+        config, args.host, args.port, route_prefix=args.route_prefix, how_to_choose="--port"
+    )
     print(f"training server: {url} (HTTPBackend({url!r}, api_key=...); routes under {args.route_prefix})")
     if config.tinker is not None:
         print(f"Tinker API: tinker.ServiceClient(base_url={url!r}, api_key=<a tml- key>)")
@@ -205,7 +210,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_address(training)
     training.add_argument("--host", default="127.0.0.1", help="Serve's HTTP host, if this starts Serve")
-    training.add_argument("--port", type=int, default=8000, help="Serve's HTTP port, if this starts Serve")
+    training.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="Serve's HTTP port, if this starts Serve (default: 8000 if free, else a free one; a port "
+        "another process listens on is refused)",
+    )
     training.add_argument(
         "--api-key", default=None, help="Bearer key for both APIs (default: $ART_RAY_API_KEY)"
     )
@@ -277,11 +288,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from art_ray.errors import PortInUseError
+
     args = build_parser().parse_args(argv)
     for name in ("entrypoint", "demo_args"):
         if getattr(args, name, None) and getattr(args, name)[0] == "--":
             setattr(args, name, getattr(args, name)[1:])
-    return args.handler(args)
+    try:
+        return args.handler(args)
+    except PortInUseError as error:  # the user's to fix, not a traceback's
+        print(f"art-ray {args.command}: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -27,3 +27,16 @@ class CaptureError(ArtRayError, ValueError):
 
 class QuotaExceededError(ArtRayError, ValueError):
     """A call is over its key's limit (art_ray/access.py: tokens per train call); nothing was trained."""
+
+
+class PortInUseError(ArtRayError, RuntimeError):
+    """A port asked for explicitly already has a listener that is not this cluster's Serve: Ray Serve's proxy
+    binds with SO_REUSEPORT, so starting there would share the port and split requests between the two."""
+
+    def __init__(self, host: str, port: int, holder: str, how_to_choose: str) -> None:
+        super().__init__(
+            f"port {port} on {host} is already in use by {holder}. Ray Serve would share it (its proxy binds "
+            "with SO_REUSEPORT) and the kernel would split requests between the two deployments. Choose "
+            f"another port with {how_to_choose}, or leave the port unset to have a free one taken."
+        )
+        self.host, self.port, self.holder = host, port, holder
