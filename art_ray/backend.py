@@ -70,8 +70,11 @@ class RayBackend:
     `address`: None starts an embedded local Ray (or joins the job's cluster under `ray job submit`);
     "auto" or "ray://host:10001" connects to a running cluster. `storage`: checkpoints, trajectories and
     (by default) the MLflow store; a local folder or any pyarrow.fs URI. `host`/`port`: where Serve's
-    proxy listens if this backend starts Serve. `app_name`/`route_prefix`: the Serve app, so several
-    backends can share one Serve instance. `api_key`: required as Bearer token on the endpoint.
+    proxy listens if this backend starts Serve; `port=None` takes 8000 if no process listens there, else
+    a free port (and says which), while a `port` asked for that another process listens on raises
+    PortInUseError at register (Serve would share it: art_ray/serve_port.py). `app_name`/`route_prefix`:
+    the Serve app, so several backends can share one Serve instance. `api_key`: required as Bearer token
+    on the endpoint.
     """
 
     def __init__(
@@ -80,7 +83,7 @@ class RayBackend:
         *,
         storage: str = "./art_ray_runs",
         host: str = "127.0.0.1",
-        port: int = 8000,
+        port: int | None = None,
         api_key: str | None = None,
         app_name: str = "art",
         route_prefix: str = "/",
@@ -101,6 +104,8 @@ class RayBackend:
             tracking_uri = f"sqlite:///{folder}/mlflow.db"
         self.tracking_uri = tracking_uri
         self.base_url: str | None = None
+        # the inference app's identity (art_ray/deployment.py), known once it is started
+        self.deployment: str | None = None
         self._base_model: str | None = None
         self._max_lora_rank = 0
         self._layout: str | None = None
@@ -141,6 +146,15 @@ class RayBackend:
             log_to_driver=False,
             runtime_env={"env_vars": {"PYTHONPATH": _driver_code_path()}},
         )
+
+    def start_serve(self) -> tuple[str, int]:
+        """Start Serve on the cluster (the first register does), or join the Serve running there; returns
+        the host and port its proxy listens on. PortInUseError when `port` was asked for and another
+        process listens there; with `port=None` a held 8000 gives way to a free port, said in a line."""
+        from art_ray.serve_deploy import start_serve
+
+        self._connect()
+        return start_serve(self.host, self.port, "RayBackend(port=...)")
 
     def _serving_config(self, model: TrainableModel, base_model: str, plan: ModelPlan) -> ServingConfig:
         return serving_config(
@@ -204,11 +218,16 @@ class RayBackend:
         """Serve the model's base model (once) and start its trainer group; returns when `name` serves
         the latest step (resumed from the latest checkpoint if there is one). Raises PlacementError
         (naming the setting to change) when the cluster cannot hold the model's layout."""
+        from art_ray.deployment import deployment_identity
         from art_ray.serving.launch import start_inference
         from art_ray.trainer.group import TrainerGroup
 
         started = time.monotonic()
         self._connect()
+        if self._base_model is None:
+            # before anything slow: a port another process holds fails at once (or gives way to a free
+            # one), and the proxy holds this one from now on
+            await asyncio.to_thread(self.start_serve)
         base_model = resolve_base_model(model.base_model)
         running = self._trainers.get(model.name)
         if running is not None and (running.config.settings, running.config.base_model) != (
@@ -250,7 +269,10 @@ class RayBackend:
             config = self._serving_config(model, base_model, plan)
             # in a thread: deploying waits for the engines, and a training server's event loop keeps
             # answering meanwhile
-            parts["inference app"] = asyncio.to_thread(start_inference, config, self.host, self.port)
+            deployment = deployment_identity(self.app_name)
+            parts["inference app"] = asyncio.to_thread(
+                start_inference, config, self.host, self.port, deployment=deployment
+            )
         elif base_model != self._base_model:
             raise BackendError(
                 f"this backend serves {self._base_model}; models on another base model need a backend of "
@@ -281,6 +303,7 @@ class RayBackend:
         results = await side_by_side(parts, lambda line: print(f"art-ray: {model.name}: {line}", flush=True))
         if isinstance(url := results.get("inference app"), str):
             self.base_url = url
+            self.deployment = deployment
             self._base_model = base_model
             self._max_lora_rank = config.engine.max_lora_rank
             self._layout = plan.layout

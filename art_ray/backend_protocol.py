@@ -20,6 +20,8 @@ class Backend(Protocol):
     # the OpenAI-compatible endpoint the registered models are served at, and its key
     base_url: str | None
     api_key: str | None
+    # that endpoint's identity (art_ray/deployment.py), which the models' clients ask for; None: unknown
+    deployment: str | None
 
     async def register(self, model: TrainableModel) -> None: ...
 

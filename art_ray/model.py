@@ -31,21 +31,30 @@ _CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, Async
 )
 
 
-def shared_client(base_url: str | None, api_key: str | None) -> AsyncOpenAI:
-    """One client per (event loop, endpoint, key) in this process; also in remote rollout workers,
-    where every call brings its own copy of the model."""
+def shared_client(base_url: str | None, api_key: str | None, deployment: str | None = None) -> AsyncOpenAI:
+    """One client per (event loop, endpoint, key, deployment) in this process; also in remote rollout
+    workers, where every call brings its own copy of the model. With `deployment` every request asks for
+    that deployment (art_ray/deployment.py): another one on the same port answers 421, never a sample."""
 
     from openai import AsyncOpenAI
 
+    from art_ray.deployment import deployment_headers
+
     def new() -> AsyncOpenAI:
-        return AsyncOpenAI(base_url=base_url, api_key=api_key or "unused", max_retries=2, timeout=1200)
+        return AsyncOpenAI(
+            base_url=base_url,
+            api_key=api_key or "unused",
+            max_retries=2,
+            timeout=1200,
+            default_headers=deployment_headers(deployment),
+        )
 
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # made outside a loop: it binds to whichever loop first uses it
         return new()
     clients = _CLIENTS.setdefault(loop, {})
-    key = (base_url, api_key)
+    key = (base_url, api_key, deployment)
     if key not in clients:
         clients[key] = new()
     return clients[key]
@@ -61,11 +70,14 @@ class Model(pydantic.BaseModel):
     inference_model_name: str | None = None
     base_url: str | None = None
     api_key: str | None = None
+    # the identity of the deployment that serves it (a registered model's, from its backend): its clients
+    # send it, so that another deployment listening on the same port refuses their requests
+    deployment: str | None = None
 
     def openai_client(self) -> AsyncOpenAI:
         """An AsyncOpenAI client for this model's endpoint, shared per event loop (as ART does):
         rollouts call this once each, and a client per call would open a connection pool per rollout."""
-        return shared_client(self.base_url, self.api_key)
+        return shared_client(self.base_url, self.api_key, self.deployment)
 
     def get_inference_name(self, step: int | None = None) -> str:
         return self.inference_model_name or self.name
@@ -98,6 +110,7 @@ class TrainableModel(Model):
         self._backend = backend
         self.base_url = backend.base_url
         self.api_key = backend.api_key
+        self.deployment = getattr(backend, "deployment", None)  # a backend of another kind may know none
 
     @property
     def backend(self) -> Backend:

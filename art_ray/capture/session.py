@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pydantic
 
 from art_ray.capture.turns import CapturedTurn
+from art_ray.deployment import deployment_headers
 from art_ray.errors import CaptureError
 
 if TYPE_CHECKING:
@@ -45,6 +46,9 @@ class CaptureSession(pydantic.BaseModel):
     model: str
     endpoint: str  # the model's base URL (.../v1)
     api_key: str | None = None
+    # the endpoint's identity (art_ray/deployment.py): every request of the session asks for it, so a
+    # deployment sharing the port refuses them instead of recording turns
+    deployment: str | None = None
     expires_at: float | None = (
         None  # None: opened by its first completion, `capture_ttl_s` after its last use
     )
@@ -61,7 +65,7 @@ class CaptureSession(pydantic.BaseModel):
 
     @property
     def headers(self) -> dict[str, str]:
-        return {SESSION_HEADER: self.id}
+        return {SESSION_HEADER: self.id, **deployment_headers(self.deployment)}
 
     def openai_client(self, **kwargs: Any) -> AsyncOpenAI:
         """An OpenAI client on the session's URL. Inside a running event loop it shares that loop's
@@ -71,13 +75,22 @@ class CaptureSession(pydantic.BaseModel):
         if "http_client" not in kwargs:
             with contextlib.suppress(RuntimeError):  # no running loop: the client gets its own connections
                 kwargs["http_client"] = _http_client()
+        kwargs["default_headers"] = {
+            **deployment_headers(self.deployment),
+            **kwargs.get("default_headers", {}),
+        }
         return AsyncOpenAI(base_url=self.base_url, api_key=self.api_key or "unused", **kwargs)
 
     async def turns(self) -> list[CapturedTurn]:
         """Every completion recorded so far, in the order they were stored; the session stays open."""
         self._check_open()
         response = await _request(
-            "GET", self.endpoint, f"/capture/sessions/{self.id}", self.api_key, params={"model": self.model}
+            "GET",
+            self.endpoint,
+            f"/capture/sessions/{self.id}",
+            self.api_key,
+            self.deployment,
+            params={"model": self.model},
         )
         return [CapturedTurn.model_validate(turn) for turn in response["turns"]]
 
@@ -91,7 +104,9 @@ class CaptureSession(pydantic.BaseModel):
 
         self._check_open()
         path = f"/capture/sessions/{self.id}"
-        response = await _request("DELETE", self.endpoint, path, self.api_key, params={"model": self.model})
+        response = await _request(
+            "DELETE", self.endpoint, path, self.api_key, self.deployment, params={"model": self.model}
+        )
         self._ended = True
         turns = [CapturedTurn.model_validate(turn) for turn in response["turns"]]
         return build_trajectory(turns, reward, metrics)
@@ -109,7 +124,12 @@ class CaptureSession(pydantic.BaseModel):
         if not self._ended:
             self._ended = True
             await _request(
-                "DELETE", self.endpoint, f"/capture/sessions/{self.id}", self.api_key, missing_ok=True
+                "DELETE",
+                self.endpoint,
+                f"/capture/sessions/{self.id}",
+                self.api_key,
+                self.deployment,
+                missing_ok=True,
             )
 
     def _check_open(self) -> None:
@@ -125,17 +145,32 @@ async def open_session(model: Model | Any, ttl_s: float | None = None) -> Captur
     before the agent runs); with `ttl_s` the endpoint opens it first, with that lifetime."""
     endpoint = getattr(model, "base_url", None) or getattr(model, "inference_base_url", None)
     api_key = getattr(model, "api_key", None) or getattr(model, "inference_api_key", None)
+    deployment = getattr(model, "deployment", None)  # ART's models have none: their requests go unchecked
     if endpoint is None:
         raise CaptureError(f"model {model.name!r} has no endpoint: register it (or set base_url) first")
     if ttl_s is None:
         return CaptureSession(
-            id=secrets.token_urlsafe(24), model=model.name, endpoint=endpoint, api_key=api_key
+            id=secrets.token_urlsafe(24),
+            model=model.name,
+            endpoint=endpoint,
+            api_key=api_key,
+            deployment=deployment,
         )
     info = await _request(
-        "POST", endpoint, "/capture/sessions", api_key, json={"model": model.name, "ttl_s": ttl_s}
+        "POST",
+        endpoint,
+        "/capture/sessions",
+        api_key,
+        deployment,
+        json={"model": model.name, "ttl_s": ttl_s},
     )
     return CaptureSession(
-        id=info["id"], model=info["model"], endpoint=endpoint, api_key=api_key, expires_at=info["expires_at"]
+        id=info["id"],
+        model=info["model"],
+        endpoint=endpoint,
+        api_key=api_key,
+        deployment=deployment,
+        expires_at=info["expires_at"],
     )
 
 
@@ -151,9 +186,16 @@ async def capture_session(model: Model | Any, ttl_s: float | None = None) -> Asy
 
 
 async def _request(
-    method: str, endpoint: str, path: str, api_key: str | None, missing_ok: bool = False, **kwargs: Any
+    method: str,
+    endpoint: str,
+    path: str,
+    api_key: str | None,
+    deployment: str | None,
+    missing_ok: bool = False,
+    **kwargs: Any,
 ) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers.update(deployment_headers(deployment))
     response = await _http_client().request(
         method, endpoint.rstrip("/") + path, headers=headers, timeout=60, **kwargs
     )

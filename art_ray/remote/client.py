@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import httpx
 import pydantic
 
+from art_ray.deployment import DEPLOYMENT_HEADER, deployment_headers
 from art_ray.errors import ArtRayError, BackendError
 from art_ray.remote.protocol import (
     DEFAULT_ROUTE_PREFIX,
@@ -74,13 +75,22 @@ class HTTPBackend:
         self.routes_url = self.server_url + "/" + route_prefix.strip("/")
         self.timeout = timeout
         self.base_url: str | None = None  # the OpenAI endpoint, known once a model is registered
+        self.deployment: str | None = None  # its identity (art_ray/deployment.py), known then too
+        # the training server's identity, from its first answer: every later request asks for it, so
+        # another deployment that shares its port refuses them (421) instead of training
+        self.server_deployment: str | None = None
         self.tracking_uri: str | None = None
         self._model_dirs: dict[str, str] = {}
 
     def _client(self) -> httpx.AsyncClient:
         # one per call: calls are few and long, and a client is bound to the event loop that first used it
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        headers.update(deployment_headers(self.server_deployment))
         return httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(self.timeout, connect=30.0))
+
+    def _learn_server(self, response: httpx.Response) -> None:
+        if self.server_deployment is None and response.status_code == 200:
+            self.server_deployment = response.headers.get(DEPLOYMENT_HEADER)
 
     async def _post(self, route: str, body: pydantic.BaseModel, reply_type: type[Reply]) -> Reply:
         async with self._client() as client:
@@ -91,12 +101,14 @@ class HTTPBackend:
             )
         if response.status_code != 200:
             raise _error(response.status_code, response.text)
+        self._learn_server(response)
         return reply_type.model_validate_json(response.content)
 
     async def register(self, model: TrainableModel) -> None:
         """Have the server serve and train the model (resuming from its latest checkpoint)."""
         reply = await self._post("register", ModelSpec.of(model), RegisterResponse)
         self.base_url = self.server_url + reply.inference_path
+        self.deployment = reply.inference_deployment
         self.tracking_uri = reply.tracking_uri
         self._model_dirs[model.name] = reply.model_dir
 
@@ -128,6 +140,7 @@ class HTTPBackend:
         ):
             if response.status_code != 200:
                 raise _error(response.status_code, (await response.aread()).decode(errors="replace"))
+            self._learn_server(response)
             finished = False
             async for text in response.aiter_lines():
                 if not text.strip():

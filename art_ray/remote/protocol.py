@@ -68,6 +68,8 @@ class RegisterResponse(_Message):
     inference_path: str
     model_dir: str
     tracking_uri: str | None
+    # the inference app's identity (art_ray/deployment.py), which the model's clients ask for
+    inference_deployment: str | None = None
 
 
 class ModelRef(_Message):

@@ -19,6 +19,7 @@ from starlette.background import BackgroundTask
 
 from art_ray.access import AccessTable, KeyGrant
 from art_ray.backend import BackendError, RayBackend
+from art_ray.deployment import DEPLOYMENT_HEADER, MISDIRECTED_STATUS, deployment_identity, misdirected_message
 from art_ray.errors import ArtRayError, QuotaExceededError
 from art_ray.remote.protocol import (
     DEFAULT_ROUTE_PREFIX,
@@ -115,8 +116,10 @@ app = FastAPI(title="art-ray training", docs_url=None, redoc_url=None)
 class TrainingServer:
     """One replica: it owns the trainer groups (actors) of the models registered through it."""
 
-    def __init__(self, config: dict) -> None:
+    def __init__(self, config: dict, deployment: str | None = None) -> None:
         self.config = TrainingServerConfig.model_validate(config)
+        # this app's identity (art_ray/deployment.py): on every response; a request for another: 421
+        self.deployment = deployment
         self.backend = RayBackend(
             storage=self.config.storage,
             api_key=self.config.api_key,
@@ -146,6 +149,7 @@ class TrainingServer:
         grant: KeyGrant | None = None
         counted = False
         try:
+            self._check_deployment(request)
             _refuse_browser_requests(request)
             grant = await self._authorize(request)
             limit = grant.max_concurrent_requests if grant else None
@@ -176,6 +180,7 @@ class TrainingServer:
             if counted:
                 self.in_flight[grant.name] -= 1  # type: ignore[union-attr]
             raise
+        self._stamp(response)
         if counted:
             assert grant is not None
             name = grant.name
@@ -189,6 +194,16 @@ class TrainingServer:
             else:
                 release()
         return response
+
+    def _check_deployment(self, request: Request) -> None:
+        wanted = request.headers.get(DEPLOYMENT_HEADER)
+        if self.deployment is not None and wanted is not None and wanted != self.deployment:
+            message = misdirected_message(wanted, self.deployment)
+            raise ApiError(MISDIRECTED_STATUS, message, "misdirected_request")
+
+    def _stamp(self, response: Response) -> None:
+        if self.deployment is not None:
+            response.headers[DEPLOYMENT_HEADER] = self.deployment
 
     async def _authorize(self, request: Request) -> KeyGrant | None:
         """The caller's run key, or None for the admin key (anyone, on a server without a key)."""
@@ -244,6 +259,7 @@ class TrainingServer:
             response = RegisterResponse(
                 step=await model.get_step(),
                 inference_path=self.config.inference_route_prefix.rstrip("/") + "/v1",
+                inference_deployment=self.backend.deployment,
                 model_dir=self.backend.model_dir(model),
                 tracking_uri=self.backend.tracker(model).tracking_uri,
             )
@@ -347,8 +363,14 @@ class TrainingServer:
         return await getattr(self.tinker, verb)(*args)
 
     @app.get("/health")
-    async def health(self) -> Response:
-        return JSONResponse({"models": sorted(self.models)})
+    async def health(self, request: Request) -> Response:
+        try:
+            self._check_deployment(request)
+            response: Response = JSONResponse({"models": sorted(self.models)})
+        except ApiError as error:
+            response = error_response(error)
+        self._stamp(response)
+        return response
 
     def __del__(self) -> None:
         # the trainers' placement groups would outlive this replica; the inference app stays up (deleting
@@ -375,18 +397,22 @@ def require_auth_off_localhost(host: str, api_key: str | None) -> None:
 def start_training_server(
     config: TrainingServerConfig,
     host: str = "127.0.0.1",
-    port: int = 8000,
+    port: int | None = None,
     route_prefix: str = DEFAULT_ROUTE_PREFIX,
     app_name: str = APP_NAME,
+    how_to_choose: str = "start_training_server(port=...)",
 ) -> str:
     """Deploy the training routes on the connected cluster's Serve and return the server's base URL (what
-    `HTTPBackend(base_url)` takes). Refuses to run without an API key where other hosts can reach it."""
+    `HTTPBackend(base_url)` takes). Refuses to run without an API key where other hosts can reach it.
+    When this starts Serve: `port` None takes 8000 if free, else a free port; a `port` another process
+    listens on raises PortInUseError, `how_to_choose` saying how to pick another (art_ray/serve_port.py)."""
     from art_ray.serve_deploy import proxy_url, run_app, start_serve
 
     require_auth_off_localhost(host, config.api_key)  # before Serve listens anywhere
-    listening = start_serve(host, port)  # a running Serve keeps the options it started with
+    listening = start_serve(host, port, how_to_choose)  # a running Serve keeps the options it started with
     require_auth_off_localhost(listening[0], config.api_key)
-    run_app(TrainingServer.bind(config.model_dump()), name=app_name, route_prefix=route_prefix)
+    server = TrainingServer.bind(config.model_dump(), deployment_identity(app_name))
+    run_app(server, name=app_name, route_prefix=route_prefix)
     if config.tinker is not None:
         from art_ray.tinker.server import TinkerFront
 

@@ -12,6 +12,9 @@ base model, `/invocations` bypasses vLLM's key check, `/tokenize`, `/metrics`, `
 `/scale_elastic_ep`), and its own key check guards `/v1` only and answers `{"error": "Unauthorized"}`. So
 the gate sits outside vLLM's middleware and decides before any of vLLM's code runs. `/v1/responses` and
 `/v1/messages` reach art-ray's protocol bridge (art_ray/serving/protocol_bridge.py), not vLLM's routes.
+
+The gate also names the deployment (art_ray/deployment.py): every response carries its identity, and a
+request that asks for another one (two deployments on one port) is answered 421 before anything else.
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ import re
 from collections.abc import Callable
 
 from art_ray.access import AccessTable, key_digest
+from art_ray.deployment import DEPLOYMENT_HEADER, MISDIRECTED_STATUS, misdirected_message
 from art_ray.serving.asgi import (
     CALLER,
     Caller,
+    Message,
     Receive,
     Scope,
     Send,
@@ -88,18 +93,39 @@ def route_methods(path: str) -> tuple[str, ...] | None:
     return (method, "HEAD") if method == "GET" else (method,)
 
 
+def requested_deployment(scope: Scope) -> str | None:
+    """The deployment identity a request asks for (its `X-Art-Ray-Deployment` header), else None."""
+    wanted = dict(scope["headers"]).get(DEPLOYMENT_HEADER.lower().encode())
+    return wanted.decode("utf-8", "surrogateescape") if wanted is not None else None
+
+
+def stamped(send: Send, deployment: str) -> Send:
+    """`send` with the deployment's identity added to the response's headers."""
+    header = (DEPLOYMENT_HEADER.lower().encode(), deployment.encode())
+
+    async def send_stamped(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), header]}
+        await send(message)
+
+    return send_stamped
+
+
 class EndpointGuard:
-    """`access()`: the current run keys and owners (the replica's copy of the registry's table)."""
+    """`access()`: the current run keys and owners (the replica's copy of the registry's table);
+    `deployment`: this app's identity (art_ray/deployment.py), None to neither stamp nor check it."""
 
     def __init__(
         self,
         app,  # noqa: ANN001
         api_key: str | None,
         access: Callable[[], AccessTable] = AccessTable,
+        deployment: str | None = None,
     ) -> None:
         self.app = app
         self._admin_digest = key_digest(api_key) if api_key else None
         self._access = access
+        self._deployment = deployment
         self._in_flight: collections.Counter[str] = collections.Counter()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -109,6 +135,14 @@ class EndpointGuard:
         path, method = request_path(scope), scope.get("method")
         methods = route_methods(path)
         send_error_json = send_anthropic_error if routed_path(path) == MESSAGES_PATH else send_error
+        if self._deployment is not None:
+            send = stamped(send, self._deployment)
+            wanted = requested_deployment(scope)
+            # first: a request meant for another deployment learns that, not this one's routes or keys
+            if wanted is not None and wanted != self._deployment and scope["type"] == "http":
+                message = misdirected_message(wanted, self._deployment)
+                await send_error_json(send, MISDIRECTED_STATUS, message, "MisdirectedRequestError")
+                return
         if scope["type"] == "websocket" or methods is None:
             routes = ", ".join([*sorted(ROUTES), "/v1/capture/sessions/{id}", "/sessions/{id}/v1/..."])
             await send_error(send, 404, f"Not found: {path}. Routes: {routes}", "NotFoundError")

@@ -10,19 +10,28 @@ from art_ray.serving.config import ServingConfig
 from art_ray.serving.replica import build_inference_app
 
 DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8000
 
 
-def start_inference(config: ServingConfig, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> str:
+def start_inference(
+    config: ServingConfig,
+    host: str = DEFAULT_HOST,
+    port: int | None = None,
+    *,
+    deployment: str | None = None,
+    how_to_choose: str = "start_inference(port=...)",
+) -> str:
     """Deploy (or update) the app and return its OpenAI base URL. Binds 127.0.0.1 unless told otherwise.
 
     Serve keeps the HTTP options it was first started with on a cluster, so when it already runs the
-    URL names where its proxy really listens, not `host`/`port`."""
+    URL names where its proxy really listens, not `host`/`port`. When this starts Serve, `port` None takes
+    8000 if free, else a free port; a `port` that another process listens on raises PortInUseError
+    (art_ray/serve_port.py). `deployment`: the app's identity (art_ray/deployment.py), by default its name
+    on this cluster."""
     from art_ray.placement import cluster_shapes
 
     config = config.placed(cluster_shapes())
-    listening = start_serve(host, port)
-    run_app(build_inference_app(config), name=config.app_name, route_prefix=config.route_prefix)
+    listening = start_serve(host, port, how_to_choose)
+    run_app(build_inference_app(config, deployment), name=config.app_name, route_prefix=config.route_prefix)
     return proxy_url(*listening, config.route_prefix) + "/v1"
 
 

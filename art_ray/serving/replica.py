@@ -19,6 +19,7 @@ from art_ray.adapters.registry import INFERENCE_DEPLOYMENT, AdapterVersion, ensu
 from art_ray.adapters.spec import validate_model_name
 from art_ray.capture.store import ensure_capture_store, get_capture_store
 from art_ray.colocation import EngineHandover
+from art_ray.deployment import deployment_identity
 from art_ray.serving.adapter_store import AdapterStore
 from art_ray.serving.capture import CaptureMiddleware
 from art_ray.serving.config import ServedCheckpoint, ServingConfig
@@ -36,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 @serve.ingress()
 class InferenceReplica:
-    async def __init__(self, config: ServingConfig) -> None:
+    async def __init__(self, config: ServingConfig, deployment: str | None = None) -> None:
         self._config = config
         self._access = AccessTable()  # the registry's, taken below and kept current by its pushes
         self._engine, self._app = await build_engine_and_app(config)
@@ -58,7 +59,9 @@ class InferenceReplica:
         # own middleware: model names and per-request limits.
         self._app.user_middleware[:0] = [
             Middleware(DisconnectOnCancel),
-            Middleware(EndpointGuard, api_key=config.api_key, access=self.current_access),
+            Middleware(
+                EndpointGuard, api_key=config.api_key, access=self.current_access, deployment=deployment
+            ),
             Middleware(
                 ProtocolBridge,
                 bridges={
@@ -173,9 +176,11 @@ def replica_actor_options(config: ServingConfig) -> dict:
     return options
 
 
-def build_inference_app(config: ServingConfig) -> serve.Application:
+def build_inference_app(config: ServingConfig, deployment: str | None = None) -> serve.Application:
     """A Serve application (`serve.run(app)`) serving the OpenAI API for the configured base model; the
-    LoRA registry its replicas subscribe to is created here if the cluster has none."""
+    LoRA registry its replicas subscribe to is created here if the cluster has none. `deployment`: the
+    identity every response carries and a client may ask for (art_ray/deployment.py); by default the app's
+    name on this cluster."""
     ensure_registry()
     ensure_capture_store(config.capture_max_bytes, config.capture_ttl_s)
     scaling = (
@@ -183,7 +188,7 @@ def build_inference_app(config: ServingConfig) -> serve.Application:
         if config.autoscaling
         else {"num_replicas": config.num_replicas}
     )
-    deployment = serve.deployment(
+    replicas = serve.deployment(
         InferenceReplica,
         name=INFERENCE_DEPLOYMENT,
         **scaling,
@@ -193,7 +198,7 @@ def build_inference_app(config: ServingConfig) -> serve.Application:
         health_check_timeout_s=60,
         graceful_shutdown_timeout_s=config.drain_timeout_s,
     )
-    return deployment.bind(config)
+    return replicas.bind(config, deployment or deployment_identity(config.app_name))
 
 
 __all__ = ["InferenceReplica", "build_inference_app", "ray"]
