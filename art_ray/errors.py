@@ -35,8 +35,9 @@ class PortInUseError(ArtRayError, RuntimeError):
 
     def __init__(self, host: str, port: int, holder: str, how_to_choose: str) -> None:
         super().__init__(
-            f"port {port} on {host} is already in use by {holder}. Ray Serve would share it (its proxy binds "
-            "with SO_REUSEPORT) and the kernel would split requests between the two deployments. Choose "
-            f"another port with {how_to_choose}, or leave the port unset to have a free one taken."
+            f"port {port} on {host} is already in use by {holder}. Serve started there would fail, or, "
+            "beside another Serve (its proxy binds with SO_REUSEPORT), share the port while the kernel "
+            f"splits requests between the two. Choose another port with {how_to_choose}, or leave the port "
+            "unset to have a free one taken."
         )
         self.host, self.port, self.holder = host, port, holder

@@ -64,7 +64,8 @@ def describe_listener(port: int) -> str:
         for pid in sorted(pids):
             try:
                 process = psutil.Process(pid)
-                command = " ".join(process.cmdline()) or process.name()
+                # Ray's workers pad their process titles (setproctitle) with spaces
+                command = " ".join(" ".join(process.cmdline()).split()) or process.name()
             except psutil.Error:
                 command = "?"
             holders.append(f"pid {pid} ({command[:120]})")

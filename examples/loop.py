@@ -78,7 +78,9 @@ def parse_args(task_name: str, doc: str, argv: list[str] | None = None) -> argpa
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--storage", default="./art_ray_runs")
     parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: under --storage)")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--port", type=int, default=None, help="Serve's port (default: 8000 if free, else a free one)"
+    )
     parser.add_argument(
         "--model-config",
         type=json.loads,

@@ -210,7 +210,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--storage", default="./art_ray_runs")
     parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: under --storage)")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--port", type=int, default=None, help="Serve's port (default: 8000 if free, else a free one)"
+    )
     parser.add_argument(
         "--server",
         default=None,
