@@ -11,7 +11,8 @@ Schema, one row per trajectory (readable by pandas, Ray Data, DuckDB):
 | metadata             | string (JSON object) |                                                      |
 | logs                 | list<string>         |                                                      |
 | messages_and_choices | string (JSON array)  | messages as dicts; served choices as OpenAI `Choice` |
-|                      |                      | objects (with token ids and logprobs)                |
+|                      |                      | objects (with token ids, logprobs, policy_version    |
+|                      |                      | and sampling_params: what each was sampled with)     |
 | tools                | string (JSON) / null |                                                      |
 | additional_histories | string (JSON array)  | [{messages_and_choices, tools}, ...]                 |
 | initial_policy_version | int64 / null       | the trained step that served its first turn        |

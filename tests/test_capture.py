@@ -9,10 +9,12 @@ import httpx
 import openai
 import pytest
 import ray
+from transformers import AutoTokenizer
 
-from art_ray import CaptureError, CaptureSession, Model, sampled_tokens
+from art_ray import CaptureError, CaptureSession, Model, SamplingParams, TrajectoryGroup, sampled_tokens
 from art_ray.capture.store import CaptureStore
 from art_ray.capture.turns import CapturedTurn
+from art_ray.trainer.batches import tokenize_groups
 
 pytestmark = pytest.mark.slow
 
@@ -70,19 +72,25 @@ async def test_a_stream_is_recorded_as_the_client_received_it(inference_app) -> 
             model=model.name,
             messages=[{"role": "user", "content": "Count to five."}],
             max_tokens=8,
-            temperature=1.0,
+            temperature=0.6,
+            top_p=0.9,
             stream=True,
         )
-        text, ids = "", []
+        text, ids, completion_ids = "", [], set()
         async for chunk in stream:
+            completion_ids.add(chunk.id)
             for choice in chunk.choices:
                 text += choice.delta.content or ""
                 ids += choice.model_extra.get("token_ids") or []
+        (turn,) = await session.turns()
         trajectory = await session.trajectory(reward=1.0)
     (choice,) = trajectory.trainable_choices()
     assert choice.message.content == text
     assert sampled_tokens(choice).token_ids == ids and len(ids) > 0
     assert choice.model_extra["prompt_token_ids"]
+    # what the stream was sampled with, and its id, are recorded though no chunk carries them
+    assert sampled_tokens(choice).sampling_params == SamplingParams(temperature=0.6, top_p=0.9, max_tokens=8)
+    assert {turn.completion_id} == completion_ids
     trajectory.check_trainable()
 
 
@@ -195,11 +203,18 @@ async def test_a_langgraph_agent_with_a_tool_is_recorded_with_its_tools(inferenc
 
     model = model_of(inference_app)
     async with model.capture() as session:
-        llm = ChatOpenAI(model=model.name, base_url=session.base_url, api_key=session.api_key, max_tokens=24)
+        llm = ChatOpenAI(
+            model=model.name,
+            base_url=session.base_url,
+            api_key=session.api_key,
+            max_tokens=24,
+            temperature=0.7,
+        )
         agent = create_react_agent(llm, tools=[lookup])
         state = await agent.ainvoke(
             {"messages": [("user", "What does 'apple' mean?")]}, {"recursion_limit": 6}
         )
+        turns = await session.turns()
         trajectory = await session.trajectory(reward=1.0)
     answers = [m for m in state["messages"] if m.type == "ai"]
     choices = [c for history in trajectory.histories() for c in history.trainable_choices()]
@@ -207,6 +222,14 @@ async def test_a_langgraph_agent_with_a_tool_is_recorded_with_its_tools(inferenc
     assert [c.message.content or "" for c in choices] == [m.content for m in answers]
     assert trajectory.tools[0]["function"]["name"] == "lookup"
     trajectory.check_trainable()
+    # each turn was sampled at 0.7, is recorded so, and trains so: its tokens' logprobs at 0.7
+    assert all(turn.completion_id and turn.completion_id.startswith("chatcmpl-") for turn in turns)
+    assert {sampled_tokens(c).temperature for c in choices} == {0.7}
+    group = TrajectoryGroup([trajectory, trajectory.model_copy(update={"reward": 0.0})])
+    sequences, stats = tokenize_groups([group], AutoTokenizer.from_pretrained(inference_app.base_model))
+    assert stats.choices_without_sampling_params == 0
+    trained = {t for s in sequences for t, trains in zip(s.temperatures, s.trainable, strict=True) if trains}
+    assert trained == {0.7}
 
 
 async def test_an_openai_agents_sdk_run_is_recorded(inference_app) -> None:

@@ -438,6 +438,12 @@ def test_the_tinker_sdk_trains_samples_and_sees_only_its_own_runs(server_url) ->
     scored = base.compute_logprobs(T.ModelInput.from_ints(prompt + before)).result()
     assert scored[0] is None and len(scored) == len(prompt) + len(before)
     assert scored[len(prompt) :] == pytest.approx(sampled.logprobs, abs=0.05)
+    # as Tinker's sampler, a sample's logprobs are those of the distribution it was drawn from (at its
+    # temperature), while compute_logprobs scores at temperature 1 (it takes no temperature)
+    warm = T.SamplingParams(max_tokens=len(answer), temperature=0.5, seed=7)
+    tempered = base.sample(T.ModelInput.from_ints(prompt), 1, warm).result().sequences[0]
+    rescored = base.compute_logprobs(T.ModelInput.from_ints(prompt + tempered.tokens)).result()[len(prompt) :]
+    assert max(abs(a - b) for a, b in zip(rescored, tempered.logprobs, strict=True)) > 0.05
 
     # the tiny model's attention-only LoRA lowers this loss but cannot memorise the answer: ~63 -> ~53
     losses = []

@@ -3,7 +3,15 @@ import pyarrow.parquet as pq
 from factories import served_choice
 from openai.types.chat.chat_completion import Choice
 
-from art_ray import History, Trajectory, TrajectoryGroup, read_trajectory_groups, write_trajectory_groups
+from art_ray import (
+    History,
+    SamplingParams,
+    Trajectory,
+    TrajectoryGroup,
+    read_trajectory_groups,
+    sampled_tokens,
+    write_trajectory_groups,
+)
 
 TOOLS = [
     {
@@ -23,7 +31,9 @@ def sample_groups() -> list[TrajectoryGroup]:
             {"role": "user", "content": "add 1"},
             served_choice("", token_ids=(7, 8, 9), logprobs=(-0.1, -0.2, -0.3), tool_calls=[tool_call]),
             {"role": "tool", "tool_call_id": "call_1", "content": "1"},
-            served_choice("It is 1.", token_ids=(4,), logprobs=(-0.7,)),
+            served_choice(
+                "It is 1.", token_ids=(4,), logprobs=(-0.7,), sampling_params={"temperature": 0.7, "seed": 5}
+            ),
         ],
         tools=TOOLS,
         additional_histories=[
@@ -53,6 +63,9 @@ def test_parquet_round_trip_returns_the_same_groups(tmp_path) -> None:
     choice = restored[0].trajectories[0].messages_and_choices[1]
     assert isinstance(choice, Choice)
     assert choice.message.tool_calls[0].function.name == "add"
+    # what a choice was sampled with comes back, so a trajectory read from Parquet trains at its temperature
+    answer = restored[0].trajectories[0].messages_and_choices[3]
+    assert sampled_tokens(answer).sampling_params == SamplingParams(temperature=0.7, seed=5)
     assert restored[1].exceptions[0].message == "all rollouts failed"
 
 

@@ -11,7 +11,7 @@ import anthropic
 import openai
 import pytest
 
-from art_ray import Model, sampled_tokens
+from art_ray import Model, SamplingParams, sampled_tokens
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +76,7 @@ async def test_openai_responses_plain_streamed_and_with_a_tool_are_recorded_as_s
             input=conversation,
             tools=[TOOL],
             max_output_tokens=6,
-            temperature=1.0,
+            temperature=0.8,
             stream=True,
         )
         events = [event async for event in stream]
@@ -94,6 +94,12 @@ async def test_openai_responses_plain_streamed_and_with_a_tool_are_recorded_as_s
     assert [m for m in trajectory.messages() if m["role"] == "tool"][0]["content"] == "a hue"
     assert trajectory.tools[0]["function"]["name"] == "lookup"
     assert all(len(sampled_tokens(c).token_ids) == len(sampled_tokens(c).logprobs) > 0 for c in choices)
+    # each reply's sampling parameters, the streamed one's too, in chat's names
+    assert [sampled_tokens(c).sampling_params for c in choices] == [
+        SamplingParams(temperature=1.0, max_tokens=6),
+        SamplingParams(temperature=1.0, max_tokens=80),
+        SamplingParams(temperature=0.8, max_tokens=6),
+    ]
     trajectory.check_trainable()
 
 
@@ -184,7 +190,7 @@ async def test_anthropic_messages_plain_with_a_tool_and_streamed_are_recorded_as
             messages=messages,
             tools=[ANTHROPIC_TOOL],
             max_tokens=6,
-            extra_body={"temperature": 1.0},
+            extra_body={"temperature": 0.6, "top_k": 20},
         ) as stream:
             streamed_text = "".join([text async for text in stream.text_stream])
             final = await stream.get_final_message()
@@ -197,6 +203,10 @@ async def test_anthropic_messages_plain_with_a_tool_and_streamed_are_recorded_as
     assert json.loads(choices[1].message.tool_calls[0].function.arguments) == tool_use.input
     assert trajectory.messages()[0] == {"role": "system", "content": "Be brief."}
     assert [m for m in trajectory.messages() if m["role"] == "tool"][0]["content"] == "a hue"
+    assert sampled_tokens(choices[2]).sampling_params == SamplingParams(
+        temperature=0.6, top_k=20, max_tokens=6
+    )
+    assert sampled_tokens(choices[2]).sampling_params.truncates
     trajectory.check_trainable()
 
 
