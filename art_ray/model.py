@@ -13,7 +13,7 @@ import pydantic
 from tqdm.auto import tqdm
 
 from art_ray.adapters.spec import validate_model_name, versioned_name
-from art_ray.batch_check import check_train_groups
+from art_ray.batch_check import check_train_groups, choices_without_sampling_params, warn_unrecorded_sampling
 from art_ray.model_config import ModelConfig
 from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.train_result import GradientStep, TrainEvent, TrainResult
@@ -98,6 +98,7 @@ class TrainableModel(Model):
     config: ModelConfig = pydantic.Field(default_factory=ModelConfig)
     tracking_uri: str | None = None
     _backend: Backend | None = pydantic.PrivateAttr(default=None)
+    _told_unrecorded_sampling: bool = pydantic.PrivateAttr(default=False)
 
     @pydantic.field_validator("name", "project")
     @classmethod
@@ -142,7 +143,7 @@ class TrainableModel(Model):
         """Train one step, yielding each GradientStep as it finishes, then the TrainResult (the new step,
         served by every replica by then)."""
         config = config or TrainConfig()
-        check_train_groups(groups, plain_assistant_trains=config.allow_training_without_logprobs)
+        self._check_train_groups(groups, config)
         async for event in self.backend.train(self, groups, config):
             yield event
 
@@ -154,8 +155,14 @@ class TrainableModel(Model):
         `model.last_train_result`, and both in MLflow."""
         config = config or TrainConfig()
         # train_stream's check, made here so that its warning names the caller's line
-        check_train_groups(groups, plain_assistant_trains=config.allow_training_without_logprobs)
+        self._check_train_groups(groups, config)
         return await self._consume(self.backend.train(self, groups, config), "train", verbose)
+
+    def _check_train_groups(self, groups: list[TrajectoryGroup], config: TrainConfig) -> None:
+        check_train_groups(groups, plain_assistant_trains=config.allow_training_without_logprobs)
+        if not self._told_unrecorded_sampling and (count := choices_without_sampling_params(groups)):
+            self._told_unrecorded_sampling = True
+            warn_unrecorded_sampling(self.name, count)
 
     async def _consume(self, events: AsyncIterator[TrainEvent], desc: str, verbose: bool) -> int:
         bar = tqdm(desc=desc, disable=not verbose)
