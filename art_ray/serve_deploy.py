@@ -96,7 +96,9 @@ def _head_node_id() -> str | None:
 
 def _on_head_node() -> bool:
     """Whether this process runs on the head node, where serve.start puts its first proxy."""
-    if ray.util.client.ray.is_connected():  # ray:// : this process is not on any node
+    from ray.util.client import ray as client_ray
+
+    if client_ray.is_connected():  # ray:// : this process is not on any node
         return False
     head = _head_node_id()
     return head is None or head == ray.get_runtime_context().get_node_id()

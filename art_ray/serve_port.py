@@ -110,14 +110,18 @@ def choose_port(
 
 
 @contextlib.contextmanager
-def machine_lock(say: Callable[[str], None] = lambda line: print(line, flush=True)) -> Iterator[None]:
+def machine_lock(
+    say: Callable[[str], None] = lambda line: print(line, flush=True), lock_file: str | None = None
+) -> Iterator[None]:
     """Held by one art-ray process on this machine at a time while it probes a port and starts Serve, so a
     second one probes only once the first one's proxy listens. Without a lock file to open (another
-    user's, no fcntl) it goes on unlocked: another user's proxy cannot share this user's port anyway."""
+    user's, no fcntl) it goes on unlocked: another user's proxy cannot share this user's port anyway.
+    `lock_file`: the machine's (in the temp folder) unless given."""
     try:
         import fcntl
 
-        descriptor = os.open(os.path.join(tempfile.gettempdir(), LOCK_FILE), os.O_RDONLY | os.O_CREAT, 0o666)
+        path = lock_file or os.path.join(tempfile.gettempdir(), LOCK_FILE)
+        descriptor = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
     except (ImportError, OSError):
         yield
         return
