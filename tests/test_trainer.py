@@ -325,3 +325,71 @@ def test_a_run_sharing_its_trainer_with_three_others_trains_as_it_would_alone(
     assert_same_adapter(three_calls_adapter, adapters[0])
     assert any(not torch.equal(adapters[0][name], adapters[1][name]) for name in adapters[0])  # its own run
     assert (tmp_path / "equivalence" / "tests" / "models" / "equivalence" / "checkpoints" / "0003").is_dir()
+
+
+def tempered_groups(app, model: str) -> list[TrajectoryGroup]:
+    """A group per temperature (0.5, 0.7) and one mixing 0.5 and 1.0, each choice recording its own."""
+    client = openai.OpenAI(base_url=app.base_url, api_key=app.api_key, max_retries=0)
+    plans = {PROMPTS[0]: [(0.5, 4)], PROMPTS[1]: [(0.7, 4)], PROMPTS[2]: [(0.5, 2), (1.0, 2)]}
+    groups = []
+    for prompt, draws in plans.items():
+        messages = [{"role": "user", "content": prompt}]
+        trajectories = []
+        for temperature, n in draws:
+            response = client.chat.completions.create(
+                model=model, messages=messages, n=n, max_tokens=6, temperature=temperature
+            )
+            for choice in response.choices:
+                assert sampled_tokens(choice).temperature == temperature
+                trajectories.append(
+                    Trajectory(messages_and_choices=[*messages, choice], reward=reward(choice))
+                )
+        groups.append(TrajectoryGroup(trajectories))
+    return groups
+
+
+def without_sampling_params(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
+    """The groups as an older version recorded them: choices without sampling_params (trained at 1)."""
+    stripped = []
+    for group in groups:
+        trajectories = []
+        for trajectory in group:
+            items = [
+                Choice.model_validate(item.model_dump(exclude={"sampling_params"}))
+                if isinstance(item, Choice)
+                else item
+                for item in trajectory.messages_and_choices
+            ]
+            trajectories.append(trajectory.model_copy(update={"messages_and_choices": items}))
+        stripped.append(TrajectoryGroup(trajectories))
+    return stripped
+
+
+def test_the_engines_logprobs_are_the_trainers_at_each_tokens_temperature(
+    inference_app, trainee, tmp_path
+) -> None:
+    """Sampled at 0.5, 0.7 and 1.0 (one group mixing 0.5 and 1.0): at the step's start the trainer's
+    logprob of every trained token equals the engine's (ratio 1), because both are of the distribution
+    the token was drawn from. The same tokens trained as if at temperature 1 (choices that do not say
+    theirs) are far from the engine's: the check can fail. (`trainee` publishes trainee@0.)"""
+    groups = tempered_groups(inference_app, "trainee@0")
+    assert any(len(set(group.rewards)) > 1 for group in groups)
+    # the adapter barely moves (Adam's first step is ~lr), so both calls start from trainee@0's policy
+    settings = TrainConfig(learning_rate=1e-9, num_gradient_steps=1)
+
+    async def train() -> tuple[dict, dict]:
+        group = TrainerGroup(trainer_config(inference_app, "tempered", tmp_path), publish=False)
+        await group.start()
+        try:
+            untempered = (await run_train(group, without_sampling_params(groups), settings))[0]
+            tempered = (await run_train(group, groups, settings))[0]
+        finally:
+            group.shutdown()
+        return untempered, tempered
+
+    untempered, tempered = asyncio.run(train())
+    assert tempered["data/choices_without_sampling_params"] == 0
+    assert untempered["data/choices_without_sampling_params"] > 0
+    assert tempered["loss/old_logprob_diff"] < 1e-3, tempered
+    assert tempered["loss/clip_fraction"] == 0
+    assert untempered["loss/old_logprob_diff"] > 0.05, untempered
