@@ -35,6 +35,7 @@ PROMPTS = [
 
 
 def without_sampling_params(groups: list) -> list:
+    """The groups as an older version recorded them: choices without sampling_params (trained at 1)."""
     from openai.types.chat.chat_completion import Choice
 
     from art_ray import TrajectoryGroup

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
+from pathlib import Path
 
 import openai
 import pytest
@@ -20,6 +22,9 @@ from art_ray.placement import Reservation
 from art_ray.status import cluster_status
 from art_ray.trainer.config import TrainerConfig
 from art_ray.trainer.group import TrainerGroup
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+from temperature import without_sampling_params  # noqa: E402  (the bench's "as an older version")
 
 pytestmark = pytest.mark.slow
 
@@ -346,23 +351,6 @@ def tempered_groups(app, model: str) -> list[TrajectoryGroup]:
                 )
         groups.append(TrajectoryGroup(trajectories))
     return groups
-
-
-def without_sampling_params(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
-    """The groups as an older version recorded them: choices without sampling_params (trained at 1)."""
-    stripped = []
-    for group in groups:
-        trajectories = []
-        for trajectory in group:
-            items = [
-                Choice.model_validate(item.model_dump(exclude={"sampling_params"}))
-                if isinstance(item, Choice)
-                else item
-                for item in trajectory.messages_and_choices
-            ]
-            trajectories.append(trajectory.model_copy(update={"messages_and_choices": items}))
-        stripped.append(TrajectoryGroup(trajectories))
-    return stripped
 
 
 def test_the_engines_logprobs_are_the_trainers_at_each_tokens_temperature(
