@@ -179,7 +179,7 @@ class CaptureMiddleware:
             elif message["type"] == "http.response.body" and response.status == 200:
                 response.feed(message.get("body", b""))
                 if not message.get("more_body"):  # the last byte waits until the turn is stored
-                    choice = response.choice()
+                    choice, completion_id = response.parsed()
                     if choice is not None:
                         if sampling is not None:  # a stream's choice has none of its own
                             choice.setdefault(CHOICE_KEY, sampling.as_choice_field())
@@ -189,7 +189,7 @@ class CaptureMiddleware:
                             choice=choice,
                             model=payload["model"],
                             created_at=time.time(),
-                            completion_id=response.completion_id(),
+                            completion_id=completion_id,
                         )
                         await self.store.append.remote(session_id, digest, turn)
             await send(message)
@@ -234,8 +234,8 @@ def completion_as_chat_choice(choice: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Response:
-    """A completion's body as it streams by; `choice()` is its first choice in the non-streaming chat
-    shape (a stream's chunks merged, a text completion's choice as chat's), or None when it held none."""
+    """A completion's body as it streams by; `parsed()` gives its first choice in the non-streaming chat
+    shape (a stream's chunks merged, a text completion's choice as chat's) and its id."""
 
     def __init__(self, stream: bool, chat: bool) -> None:
         self.stream = stream
@@ -267,18 +267,17 @@ class _Response:
                     events.append(event)
         return events
 
-    def choice(self) -> dict[str, Any] | None:
+    def parsed(self) -> tuple[dict[str, Any] | None, str | None]:
+        """The response's first choice in the non-streaming chat shape (None when it held none), and its
+        `id` (every chunk of a stream carries the same one); the body is parsed once."""
         events = self._events()
-        if not self.stream:
-            choices = (events[0].get("choices") or []) if events else []
-            if not choices:
-                return None
-            return choices[0] if self.chat else completion_as_chat_choice(choices[0])
-        return merge_stream(events) if self.chat else merge_completion_stream(events)
-
-    def completion_id(self) -> str | None:
-        """The response's `id` (every chunk of a stream carries the same one)."""
-        return next((event["id"] for event in self._events() if isinstance(event.get("id"), str)), None)
+        completion_id = next((event["id"] for event in events if isinstance(event.get("id"), str)), None)
+        if self.stream:
+            return (merge_stream(events) if self.chat else merge_completion_stream(events)), completion_id
+        choices = (events[0].get("choices") or []) if events else []
+        if not choices:
+            return None, completion_id
+        return (choices[0] if self.chat else completion_as_chat_choice(choices[0])), completion_id
 
 
 def _served_step(chunk: dict[str, Any]) -> int | None:

@@ -429,8 +429,8 @@ class TrainerWorker:
             entropy = (token_entropy(logits, temperatures) * weights).sum()
             # how far the ratio's denominator is from this policy: at a call's first step (before any
             # update) the sampler's distance from the trainer, ~0 when both compute the same distribution
-            old = old_logprobs if old_logprobs is not None else logprobs
-            drift = torch.where(torch.isnan(old), torch.zeros_like(old), (logprobs - old).abs())
+            drift = (logprobs - old_logprobs).abs()
+            drift = torch.where(torch.isnan(old_logprobs), torch.zeros_like(drift), drift)
             old_logprob_diff = (drift * weights).sum()
         return torch.tensor(
             [
