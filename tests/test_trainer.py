@@ -68,15 +68,13 @@ def sample_groups(app, model: str, samples: int = 4) -> list[TrajectoryGroup]:
         response = client.chat.completions.create(
             model=model, messages=messages, n=samples, max_tokens=6, temperature=1.0
         )
+        # rewards alternate, so every group trains and a call's optimizer steps are the same every run
         groups.append(
             TrajectoryGroup(
-                Trajectory(messages_and_choices=[*messages, choice], reward=reward(choice))
-                for choice in response.choices
+                Trajectory(messages_and_choices=[*messages, choice], reward=float(index % 2))
+                for index, choice in enumerate(response.choices)
             )
         )
-    assert any(len(set(group.rewards)) > 1 for group in groups), [
-        [c.message.content for c in t] for t in [[tr.messages_and_choices[-1] for tr in g] for g in groups]
-    ]
     return groups
 
 
@@ -140,13 +138,30 @@ def test_train_streams_metrics_publishes_and_the_served_model_changes(
     assert greedy(inference_app, "trainee@0") == before
 
 
+TWO_STEPS = TrainConfig(learning_rate=1e-2, num_gradient_steps=2)
+# The equivalence tests' two train calls. Two steps of the three groups mix prompts in each step; three
+# steps give each step one prompt's samples, whose prompt (33 tokens) is the step's prefix, computed once
+# and trained through (step_prefix.py): ZeRO-3 once dropped the rows' gradients there.
+EQUIVALENCE_CALLS = [TWO_STEPS, TrainConfig(learning_rate=1e-2, num_gradient_steps=3)]
+
+
+def step_prefixes(app, groups, config: TrainConfig) -> list[int]:
+    """The length of each optimizer step's shared prefix when `groups` train under `config`."""
+    from transformers import AutoTokenizer
+
+    from art_ray.trainer.train_batch import rl_batches
+
+    tokenizer = AutoTokenizer.from_pretrained(app.base_model)
+    return [len(step.prefix) for step in rl_batches(groups, tokenizer, config, 256, 1)[0].steps]
+
+
 async def trained_adapter(
-    app, groups, storage, world_size: int, calls: int = 1, zero_stage: int = 0
+    app, groups, storage, world_size: int, calls: list[TrainConfig], zero_stage: int = 0
 ) -> dict[str, torch.Tensor]:
     group = TrainerGroup(trainer_config(app, "equivalence", storage, world_size, zero_stage), publish=False)
     await group.start()
-    for _ in range(calls):
-        await run_train(group, groups, TrainConfig(learning_rate=1e-2, num_gradient_steps=2))
+    for config in calls:
+        await run_train(group, groups, config)
     adapter = await group.adapter_tensors()
     group.shutdown()
     return adapter
@@ -162,7 +177,10 @@ def assert_same_adapter(
 
 @pytest.fixture(scope="module")
 def one_rank_adapter(inference_app, rollouts, tmp_path_factory) -> dict[str, torch.Tensor]:
-    adapter = asyncio.run(trained_adapter(inference_app, rollouts, tmp_path_factory.mktemp("one"), 1))
+    assert [bool(length) for length in step_prefixes(inference_app, rollouts, TWO_STEPS)] == [False, False]
+    assert min(step_prefixes(inference_app, rollouts, EQUIVALENCE_CALLS[1])) >= 32
+    storage = tmp_path_factory.mktemp("one")
+    adapter = asyncio.run(trained_adapter(inference_app, rollouts, storage, 1, EQUIVALENCE_CALLS))
     assert any(tensor.abs().sum() > 0 for name, tensor in adapter.items() if "lora_B" in name)
     return adapter
 
@@ -173,7 +191,7 @@ def one_rank_adapter(inference_app, rollouts, tmp_path_factory) -> dict[str, tor
 def test_world_size_2_gives_the_same_adapter_as_world_size_1(
     inference_app, rollouts, one_rank_adapter, tmp_path, zero_stage
 ) -> None:
-    two = asyncio.run(trained_adapter(inference_app, rollouts, tmp_path, 2, zero_stage=zero_stage))
+    two = asyncio.run(trained_adapter(inference_app, rollouts, tmp_path, 2, EQUIVALENCE_CALLS, zero_stage))
     # ZeRO-3 reduce-scatters partitioned gradients: sums in another order differ by ~1e-8, which Adam
     # (eps 1e-4 here) turns into differences of 2-3e-7 (measured); the update itself is ~1e-2, so 1e-5
     # still fails on any real divergence. Stages 0-2 have matched exactly.
@@ -210,9 +228,11 @@ def test_precalculated_logprobs_train_as_if_the_sampler_had_matched_the_trainer(
 
     async def train() -> tuple[list, dict[str, torch.Tensor]]:
         await group.start()
-        settings = TrainConfig(learning_rate=1e-2, num_gradient_steps=2, precalculate_logprobs=True)
-        metrics = await run_train(group, as_if_a_grammar_forced_every_token(rollouts), settings)
-        return metrics, await group.adapter_tensors()
+        metrics = []
+        for call in EQUIVALENCE_CALLS:
+            settings = call.model_copy(update={"precalculate_logprobs": True})
+            metrics.append(await run_train(group, as_if_a_grammar_forced_every_token(rollouts), settings))
+        return metrics[0], await group.adapter_tensors()
 
     try:
         metrics, adapter = asyncio.run(train())
@@ -227,7 +247,7 @@ def test_precalculated_logprobs_train_as_if_the_sampler_had_matched_the_trainer(
 def three_calls_adapter(inference_app, rollouts, tmp_path_factory) -> dict[str, torch.Tensor]:
     """The adapter of three train calls on a group of its own."""
     storage = tmp_path_factory.mktemp("straight")
-    return asyncio.run(trained_adapter(inference_app, rollouts, storage, 1, calls=3))
+    return asyncio.run(trained_adapter(inference_app, rollouts, storage, 1, [TWO_STEPS] * 3))
 
 
 def test_resumed_run_equals_an_uninterrupted_one(
@@ -244,11 +264,11 @@ def test_resumed_run_equals_an_uninterrupted_one(
         first = TrainerGroup(config, publish=False)
         await first.start()
         for _ in range(2):
-            await run_train(first, rollouts, TrainConfig(learning_rate=1e-2, num_gradient_steps=2))
+            await run_train(first, rollouts, TWO_STEPS)
         first.shutdown()
         second = TrainerGroup(config, publish=False)
         assert await second.start() == 2
-        await run_train(second, rollouts, TrainConfig(learning_rate=1e-2, num_gradient_steps=2))
+        await run_train(second, rollouts, TWO_STEPS)
         adapter = await second.adapter_tensors()
         second.shutdown()
         return adapter
@@ -282,7 +302,7 @@ def test_a_run_sharing_its_trainer_with_three_others_trains_as_it_would_alone(
     """Four runs of the base model on one set of ranks (other seeds, storage and names beside this one),
     their train calls in flight together: the round-robin interleaves them, each call swapping its run's
     adapter, optimizer state and RNG in, and "equivalence" ends where three calls on its own ranks end."""
-    train = TrainConfig(learning_rate=1e-2, num_gradient_steps=2)
+    train = TWO_STEPS
 
     async def calls(group: TrainerGroup, count: int) -> None:
         for _ in range(count):

@@ -63,9 +63,18 @@ class StepPrefix:
         scaling, engine.deepspeed_config), where that scale is 1."""
         if self._grads is None:
             return
+        from deepspeed.runtime.base_optimizer import ZeROOptimizer
+
         tensors = [tensor for pair in self.key_values for tensor in pair]
         surrogate = sum(
             (tensor.float() * grad).sum() for tensor, grad in zip(tensors, self._grads, strict=True)
         )
+        # A ZeRO optimizer takes a backward that follows another with no forward between as a later phase
+        # of the same backward (reentrant checkpointing): ZeRO-3 then copies this one's gradient
+        # partitions over the rows' instead of adding to them (the adapter trained on the prefix's share
+        # alone). engine.forward opens a new backward with this call; the prefix's forward ran before
+        # the rows', so it is made here.
+        if isinstance(engine.optimizer, ZeROOptimizer):
+            engine.optimizer.clear_backward_seen_flag()
         engine.backward(surrogate, scale_wrt_gas=False)
         self._grads = None
