@@ -108,13 +108,13 @@ async def test_each_phase_gets_every_core_and_the_idle_side_sleeps(smollm2_model
     prompts = ["Describe the sea.", "Describe a forest.", "Describe a city.", "Describe the sky."]
     await sample_groups(model, prompts[:1], samples=2)  # the engine's first requests warm it up, unmeasured
     everyone_before, worker_threads_before = all_cpu_seconds(), thread_seconds(engine[-1])
-    machine_before = psutil.cpu_times()
+    machine_before, idle_before = psutil.cpu_times(), idle_seconds()
     before = (cpu_seconds(engine), cpu_seconds([trainer]), time.perf_counter())
     groups = await sample_groups(model, prompts, samples=6)
     after = (cpu_seconds(engine), cpu_seconds([trainer]), time.perf_counter())
     sampling_consumers = top_consumers(everyone_before, all_cpu_seconds())
     worker_threads = busiest_threads(worker_threads_before, thread_seconds(engine[-1]))
-    machine_after = psutil.cpu_times()
+    machine_after, idle_sampling = psutil.cpu_times(), idle_seconds() - idle_before
     machine = {
         field: getattr(machine_after, field, 0.0) - getattr(machine_before, field, 0.0)
         for field in ("user", "nice", "system", "idle", "steal", "iowait")
@@ -125,11 +125,13 @@ async def test_each_phase_gets_every_core_and_the_idle_side_sleeps(smollm2_model
     # The second gradient step of a train call is training only: the engine was released before the
     # first one, and the publish comes after the last.
     step = await model.get_step()
-    marks, trainer_threads = [], []
+    marks, trainer_threads, everyone = [], [], []
     async for _ in model.train_stream(groups, TrainConfig(learning_rate=1e-5, num_gradient_steps=2)):
         marks.append((cpu_seconds(engine[1:]), cpu_seconds([trainer]), time.perf_counter(), idle_seconds()))
         trainer_threads.append(thread_seconds(trainer))
+        everyone.append(all_cpu_seconds())
     (engine_a, trainer_a, start, idle_a), (engine_b, trainer_b, end, idle_b) = marks[0], marks[1]
+    training_consumers = top_consumers(*everyone[:2])
     trainer_busiest = busiest_threads(*trainer_threads[:2])
     torch_threads = (
         await backend._trainers[model.name]
@@ -140,22 +142,26 @@ async def test_each_phase_gets_every_core_and_the_idle_side_sleeps(smollm2_model
     # idle engine: its vLLM processes (the replica actor's own Ray/Serve housekeeping is not the engine)
     engine_training, trainer_training = engine_b - engine_a, trainer_b - trainer_a
     report = (
-        f"sampling {sampling_s:.2f} s: engine {engine_sampling:.2f} CPU s, trainer {trainer_sampling:.2f}; "
+        f"sampling {sampling_s:.2f} s: engine {engine_sampling:.2f} CPU s, trainer {trainer_sampling:.2f}, "
+        f"idle cores {idle_sampling / sampling_s:.2f}; "
         f"training {training_s:.2f} s: engine {engine_training:.2f} CPU s, trainer {trainer_training:.2f}, "
         f"idle cores {(idle_b - idle_a) / training_s:.2f}; CPU seconds while sampling: {sampling_consumers}; "
         f"{threads_and_cores(engine)}; the worker's busiest threads while sampling: {worker_threads} CPU s; "
         f"machine while sampling: { {k: round(v, 2) for k, v in machine.items()} }; "
         f"trainer: {torch_threads} torch threads, {threads_and_cores([trainer])}, "
-        f"its busiest threads while training: {trainer_busiest} CPU s"
+        f"its busiest threads while training: {trainer_busiest} CPU s; CPU seconds while training: "
+        f"{training_consumers}"
     )
     print(report)
     # the idle side sleeps: neither spins nor polls while the other runs
     assert engine_training <= 0.05 * training_s + 0.05, report
     assert trainer_sampling <= 0.05 * sampling_s + 0.05, report
-    # the busy side runs on more than one core (2 on the CI box; a one-core side would stay near 1.0)
+    # the busy side runs on every core: one confined to a core would leave the other idle (~1 core). Its
+    # CPU seconds alone do not tell: it runs at nice 15, and any process at nice 0 takes cycles from it
+    # first (CI once measured the trainer at 1.06 cores with 0.19 cores idle).
     if cores >= 2:
-        assert trainer_training >= 1.4 * training_s, report
-        assert engine_sampling >= 1.2 * sampling_s, report
+        assert (idle_b - idle_a) / training_s <= 0.5, report
+        assert idle_sampling / sampling_s <= 0.5, report
     # and after the hand-over back, the engine serves the new step
     assert await model.get_step() == step + 1
     served = await model.openai_client().chat.completions.create(
