@@ -48,11 +48,11 @@ test: setup
 
 # The documentation site (mkdocs.yml, docs/) into build/site; --strict: a broken link or reference fails it.
 docs: setup
-	$(VENV)/bin/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # The site at http://127.0.0.1:8008 (not 8000: Serve's port), rebuilt on every save (loopback only)
 docs-serve: setup
-	$(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8008
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8008
 
 lint: setup
 	$(VENV)/bin/ruff check art_ray tests bench examples
