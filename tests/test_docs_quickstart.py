@@ -1,7 +1,7 @@
 """The quickstart's code, run as written: docs/quickstart.md's Python block saved as first_agent.py and its
 command run in a fresh folder, as a reader does after `make setup`. The script starts its own Ray cluster,
 serves SmolLM2-135M-Instruct, trains two GRPO steps and shuts down; the test checks it printed both steps
-and left the step-2 checkpoint where the page says.
+and left the checkpoint, the Parquet files and the MLflow store where the page says.
 
 It needs no session cluster, so it runs in the first block of the suite (tests/conftest.py), with the
 machine to itself; most of its time is the cluster's, the engine's and the trainer's start.
@@ -42,5 +42,12 @@ def test_quickstart_runs_as_written(tmp_path: Path) -> None:
     assert done.returncode == 0, output[-6000:]
     assert re.search(r"^step 1: mean reward [01]\.\d\d$", done.stdout, flags=re.M), output[-6000:]
     assert re.search(r"^step 2: mean reward [01]\.\d\d$", done.stdout, flags=re.M), output[-6000:]
-    checkpoints = tmp_path / "art_ray_runs" / "quickstart" / "models" / "my-agent" / "checkpoints"
-    assert (checkpoints / "0002").is_dir(), sorted(p.name for p in checkpoints.glob("*"))
+    # where the page says: a complete step-2 checkpoint, the trained groups' Parquet, the MLflow store
+    run = tmp_path / "art_ray_runs" / "quickstart" / "models" / "my-agent"
+    assert (run / "checkpoints" / "0002" / "trainer_state.json").is_file(), sorted(run.rglob("*"))
+    assert (run / "checkpoints" / "0002" / "adapter").is_dir()
+    assert sorted(p.name for p in (run / "trajectories" / "train").glob("*.parquet")) == [
+        "0000.parquet",
+        "0001.parquet",
+    ]
+    assert (tmp_path / "art_ray_runs" / "mlflow.db").is_file()
