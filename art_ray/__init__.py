@@ -20,10 +20,12 @@ from art_ray.errors import (
     ArtRayError,
     BackendError,
     CaptureError,
+    FeedbackError,
     MissingTokenDataError,
     ModelPreparationError,
     QuotaExceededError,
 )
+from art_ray.feedback import Feedback, FeedbackRecord, TrafficConfig
 from art_ray.gather import TooManyExceptionsError, gather_trajectory_groups
 from art_ray.model import Model, TrainableModel
 from art_ray.model_config import ModelConfig
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
     from art_ray.capture.session import capture_session
     from art_ray.parquet import read_trajectory_groups, write_trajectory_groups
     from art_ray.rollout_runner import captured_rollout, remote_rollout
+    from art_ray.traffic.files import StoredTurn, TrafficSnapshot
 
 _ON_FIRST_USE = {
     # needs openpipe-art (`pip install "art-ray[art]"`)
@@ -60,6 +63,8 @@ _ON_FIRST_USE = {
     "capture_session": "art_ray.capture.session",
     "read_trajectory_groups": "art_ray.parquet",
     "write_trajectory_groups": "art_ray.parquet",
+    "StoredTurn": "art_ray.traffic.files",
+    "TrafficSnapshot": "art_ray.traffic.files",
 }
 
 
@@ -85,6 +90,12 @@ __all__ = [
     "BackendError",
     "CaptureError",
     "CaptureSession",
+    "Feedback",
+    "FeedbackError",
+    "FeedbackRecord",
+    "StoredTurn",
+    "TrafficConfig",
+    "TrafficSnapshot",
     "DatasetBatch",
     "HTTPBackend",
     "LoRASpec",

@@ -63,6 +63,8 @@ class AccessTable(pydantic.BaseModel):
     version: int = 0
     keys: dict[str, KeyGrant] = pydantic.Field(default_factory=dict)
     owners: dict[str, str] = pydantic.Field(default_factory=dict)
+    # the runs whose served turns are stored for training (ModelConfig.traffic; art_ray/traffic/log.py)
+    traffic: frozenset[str] = frozenset()
 
     def grant_for(self, key: str | None) -> KeyGrant | None:
         """The run key's grant, or None when `key` is no run key (it may still be the admin key)."""
@@ -95,6 +97,9 @@ class AccessTable(pydantic.BaseModel):
         if owner is not None:
             owners[model] = owner
         return self._changed(owners=owners)
+
+    def with_traffic(self, model: str, stored: bool) -> AccessTable:
+        return self._changed(traffic=self.traffic | {model} if stored else self.traffic - {model})
 
     def _changed(self, **fields: object) -> AccessTable:
         return self.model_copy(update={**fields, "version": self.version + 1})

@@ -36,6 +36,7 @@ from art_ray.trajectories import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from art_ray.model import TrainableModel
+    from art_ray.traffic.files import TrafficSnapshot
     from art_ray.trainer.group import TrainerGroup
 
 logger = logging.getLogger(__name__)
@@ -322,6 +323,7 @@ class RayBackend:
             raise failed[0]
         if trainer is not None:
             self._trainers[model.name] = trainer
+        await self._store_traffic(model)
         self._touch(model.name)
         if model.config.idle_ttl_s is not None and (self._reaper is None or self._reaper.done()):
             self._reaper = asyncio.get_running_loop().create_task(self._reap_idle_runs())
@@ -597,6 +599,25 @@ class RayBackend:
             storage.delete_dir(self._trainer(model).config.checkpoint_dir(step))
         return deleted
 
+    async def _store_traffic(self, model: TrainableModel) -> None:
+        """Start the run's traffic log (ModelConfig.traffic), then have every replica store its turns in it;
+        or have them store none."""
+        from art_ray.traffic.log import ensure_traffic_log
+
+        if model.config.traffic is not None:
+            log = ensure_traffic_log(model.name, f"{self.model_dir(model)}/traffic", model.config.traffic)
+            await log.folder.remote()  # its files read back before a replica stores a turn in it
+        await get_registry().set_traffic.remote(model.name, model.config.traffic is not None)
+
+    async def traffic(self, model: TrainableModel) -> TrafficSnapshot:
+        """The run's stored turns and feedback (ModelConfig.traffic), oldest first."""
+        from art_ray.traffic.log import get_traffic_log
+
+        self._trainer(model)  # raises if not registered
+        if model.config.traffic is None:
+            raise BackendError(f"model {model.name!r} stores no traffic: set ModelConfig.traffic")
+        return await get_traffic_log(model.name).snapshot.remote()
+
     async def delete_run(self, model: TrainableModel, purge_checkpoints: bool = False) -> None:
         """Stop training and serving a registered model, after its train call in flight if one is: its
         trainer state is freed once its last checkpoint is written (a shared trainer goes on with its other
@@ -618,6 +639,7 @@ class RayBackend:
         if tracker is not None:
             tracker.finish()
         await get_registry().retire.remote(name)
+        await _stop_traffic_log(name)
         checkpoints = f"{trainer.config.model_dir()}/checkpoints"
         # its trajectories' Parquet files stay: the record of what it trained on; a run that never trained
         # has no checkpoints
@@ -643,3 +665,15 @@ class RayBackend:
         elif self._base_model is not None and ray.is_initialized():
             stop_inference(self.app_name)
         self._base_model = None
+
+
+async def _stop_traffic_log(run: str) -> None:
+    """A deleted run's traffic log writes what it holds to its files and stops (they stay on storage)."""
+    from art_ray.traffic.log import get_traffic_log
+
+    try:
+        log = get_traffic_log(run)
+    except ValueError:  # the run stored no traffic
+        return
+    await log.flush.remote()
+    ray.kill(log, no_restart=True)

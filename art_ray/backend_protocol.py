@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from art_ray.model import TrainableModel
     from art_ray.tracking import Tracker
+    from art_ray.traffic.files import TrafficSnapshot
     from art_ray.train_config import SFTConfig, TrainConfig
     from art_ray.train_result import TrainEvent
     from art_ray.trajectories import Trajectory, TrajectoryGroup
@@ -46,6 +47,10 @@ class Backend(Protocol):
     ) -> dict[str, float]: ...
 
     async def get_step(self, model: TrainableModel) -> int: ...
+
+    async def traffic(self, model: TrainableModel) -> TrafficSnapshot:
+        """The run's stored turns and the feedback on them (ModelConfig.traffic), oldest first."""
+        ...
 
     async def delete_checkpoints(
         self,

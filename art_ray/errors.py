@@ -25,6 +25,15 @@ class CaptureError(ArtRayError, ValueError):
     """A capture session's recorded turns cannot become a Trajectory (none recorded, or one malformed)."""
 
 
+class FeedbackError(ArtRayError, ValueError):
+    """The endpoint refused a feedback (`status`: 404 no such stored turn for this key, 400 malformed,
+    401 bad key or token); nothing was stored."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
 class QuotaExceededError(ArtRayError, ValueError):
     """A call is over its key's limit (art_ray/access.py: tokens per train call); nothing was trained."""
 

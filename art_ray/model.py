@@ -9,11 +9,13 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import pydantic
 from tqdm.auto import tqdm
 
 from art_ray.adapters.spec import validate_model_name, versioned_name
 from art_ray.batch_check import check_train_groups, choices_without_sampling_params, warn_unrecorded_sampling
+from art_ray.feedback import Feedback, FeedbackRecord, FeedbackSource
 from art_ray.model_config import ModelConfig
 from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.train_result import GradientStep, TrainEvent, TrainResult
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
     from art_ray.backend_protocol import Backend
     from art_ray.capture.session import CaptureSession
     from art_ray.tracking import Tracker
+    from art_ray.traffic.files import TrafficSnapshot
 
 _CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, AsyncOpenAI]] = (
     weakref.WeakKeyDictionary()
@@ -90,6 +93,42 @@ class Model(pydantic.BaseModel):
 
         return capture_session(self, ttl_s)
 
+    async def feedback(
+        self,
+        completion_id: str | None = None,
+        *,
+        score: float,
+        comment: str | None = None,
+        source: FeedbackSource = "user",
+        feedback_id: str | None = None,
+        session_id: str | None = None,
+    ) -> FeedbackRecord:
+        """Score a stored turn of this model (ModelConfig.traffic) by its completion id (the response's
+        `id`) or its capture session's latest turn; a retry with the same `feedback_id` is stored once.
+        FeedbackError (`.status` 404) when no such turn is stored for this key; ValueError on a
+        malformed score or id, before anything is sent."""
+        import openai
+
+        from art_ray.errors import FeedbackError
+
+        body = Feedback(
+            completion_id=completion_id,
+            session_id=session_id,
+            model=self.name,
+            score=score,
+            comment=comment,
+            source=source,
+            feedback_id=feedback_id,
+        )
+        try:
+            response = await self.openai_client().post(
+                "/feedback", body=body.model_dump(exclude_none=True), cast_to=httpx.Response
+            )
+        except openai.APIStatusError as error:
+            message = (error.body or {}).get("message") if isinstance(error.body, dict) else None
+            raise FeedbackError(error.status_code, message or str(error)) from None
+        return FeedbackRecord.model_validate_json(response.content)
+
 
 class TrainableModel(Model):
     """A LoRA on `base_model`, served as `name` / `name@step` and trained with GRPO."""
@@ -136,6 +175,12 @@ class TrainableModel(Model):
 
     async def get_step(self) -> int:
         return await self.backend.get_step(self)
+
+    async def traffic(self) -> TrafficSnapshot:
+        """The turns the endpoint stored of this model and the feedback on them (ModelConfig.traffic),
+        oldest first: completion ids, choices with their token ids, logprobs, sampling parameters and
+        policy versions."""
+        return await self.backend.traffic(self)
 
     async def train_stream(
         self, groups: list[TrajectoryGroup], config: TrainConfig | None = None

@@ -7,6 +7,7 @@ from typing import Literal
 import pydantic
 
 from art_ray.adapters.spec import LoRASpec
+from art_ray.feedback import TrafficConfig
 
 # vLLM's ToolStrictLevelName (vllm/tool_parsers/tool_strict_level.py), spelled here so configs import no vLLM
 ToolStrictLevel = Literal["auto", "function", "parameter"]
@@ -91,6 +92,9 @@ class ModelConfig(pydantic.BaseModel):
     # per-request limits of the endpoint: tokens when a request names no max_tokens, and the largest `n`
     default_max_tokens: int = pydantic.Field(default=1024, ge=1)
     max_n: int = pydantic.Field(default=128, ge=1)
+    # Store the run's served turns, and the feedback on them, for training (art_ray/feedback.py): every
+    # completion of `name` or `name@step` without `"store": false`. None: nothing is stored.
+    traffic: TrafficConfig | None = None
     # capture sessions: the store's cap on recorded bytes, and an unused session's lifetime
     capture_max_bytes: int = pydantic.Field(default=256 * 2**20, ge=1)
     capture_ttl_s: float = pydantic.Field(default=3600.0, gt=0)

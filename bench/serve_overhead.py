@@ -7,8 +7,10 @@ each request in its own capture session (opened, recorded, read back as a Trajec
 alternated with plain requests (each round starting with the next path): capture_ratio is what recording
 costs (median of --rounds each). The same requests through the Responses API (openai SDK) and Anthropic
 Messages (anthropic SDK), in the same rounds: responses_ratio and messages_ratio against chat completions.
-Last line: {"bench": "serve_overhead", "ratio": serve tok/s / direct tok/s, "capture_ratio",
-"responses_ratio", "messages_ratio", ...}.
+And the same chat requests to a second run whose traffic is stored (ModelConfig.traffic: each turn
+appended to its traffic log before the last byte, a signed feedback token in each response):
+traffic_ratio. Last line: {"bench": "serve_overhead", "ratio": serve tok/s / direct tok/s,
+"capture_ratio", "responses_ratio", "messages_ratio", "traffic_ratio", ...}.
 """
 
 from __future__ import annotations
@@ -92,20 +94,26 @@ async def serve_tokens_per_second(
     import anthropic
     import openai
 
-    from art_ray import Model
-    from art_ray.adapters.registry import publish_adapter
+    from art_ray import Model, TrafficConfig
+    from art_ray.adapters.registry import get_registry, publish_adapter
     from art_ray.serving.config import ServingConfig
     from art_ray.serving.launch import start_inference, stop_local_cluster
+    from art_ray.traffic.log import ensure_traffic_log
 
     start_local_ray()
     base_url = start_inference(ServingConfig(engine=engine_config, num_replicas=1), port=free_port())
     await publish_adapter("bench", 0, engine_config.model, SPEC, initial_adapter(engine_config.model, SPEC))
+    # the same adapter as a run that stores its traffic
+    await publish_adapter("stored", 0, engine_config.model, SPEC, initial_adapter(engine_config.model, SPEC))
+    traffic_folder = tempfile.mkdtemp(prefix="art-ray-traffic-")
+    await ensure_traffic_log("stored", traffic_folder, TrafficConfig()).folder.remote()
+    await get_registry().set_traffic.remote("stored", True)
     client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=600)
     model = Model(name="bench", project="bench", base_url=base_url)
 
-    async def one(messages: list[dict], chat: openai.AsyncOpenAI = client) -> int:
+    async def one(messages: list[dict], chat: openai.AsyncOpenAI = client, name: str = "bench") -> int:
         response = await chat.chat.completions.create(
-            model="bench",
+            model=name,
             messages=messages,
             max_tokens=max_tokens,
             temperature=1.0,
@@ -148,7 +156,16 @@ async def serve_tokens_per_second(
         counts = await asyncio.gather(*(run(m) for m in prompts(requests)))
         return sum(counts) / (time.perf_counter() - start)
 
-    paths = {"chat": one, "captured": captured, "responses": responses, "messages": messages_api}
+    async def stored(messages: list[dict]) -> int:
+        return await one(messages, name="stored")
+
+    paths = {
+        "chat": one,
+        "captured": captured,
+        "responses": responses,
+        "messages": messages_api,
+        "stored": stored,
+    }
     await asyncio.gather(*(run(m) for run in paths.values() for m in prompts(4)))  # warm-up
     rates: dict[str, list[float]] = {name: [] for name in paths}
     names = list(paths)
@@ -156,6 +173,11 @@ async def serve_tokens_per_second(
         for name in names[index % len(names) :] + names[: index % len(names)]:
             rates[name].append(await rate(paths[name]))
     print({name: [round(value, 1) for value in values] for name, values in rates.items()}, flush=True)
+    from art_ray.traffic.files import read_traffic
+
+    expected = rounds * requests + 4  # every request of the rounds and the warm-up to the stored run
+    kept = len(read_traffic(traffic_folder, Path(traffic_folder) / "segment.jsonl").turns)
+    assert kept == expected, f"{kept} stored turns, {expected} requests"
     stop_local_cluster()
     return {name: median(values) for name, values in rates.items()}
 
@@ -190,6 +212,8 @@ def main() -> None:
             ["responses ratio (Responses / chat)", rates["responses"] / served],
             ["Serve, Anthropic Messages (anthropic SDK)", rates["messages"]],
             ["messages ratio (Messages / chat)", rates["messages"] / served],
+            ["Serve, a run that stores its traffic", rates["stored"]],
+            ["traffic ratio (stored / plain Serve)", rates["stored"] / served],
         ],
     )
     print_result(
@@ -204,6 +228,8 @@ def main() -> None:
             "messages_ratio": round(rates["messages"] / served, 3),
             "responses_tok_s": round(rates["responses"], 1),
             "messages_tok_s": round(rates["messages"], 1),
+            "traffic_ratio": round(rates["stored"] / served, 3),
+            "stored_tok_s": round(rates["stored"], 1),
             "requests": args.requests,
             "max_tokens": args.max_tokens,
             "model": args.model,

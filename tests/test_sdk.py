@@ -34,6 +34,7 @@ from art_ray.adapters.lora_files import initial_adapter
 from art_ray.adapters.registry import publish_adapter
 from art_ray.errors import BackendError
 from art_ray.models import resolve_base_model
+from art_ray.traffic.files import read_traffic
 from art_ray.trainer.worker import STATE_FILE
 
 pytestmark = pytest.mark.slow
@@ -400,6 +401,91 @@ def val_group(reward: float) -> TrajectoryGroup:
     return TrajectoryGroup(
         [Trajectory(messages_and_choices=[{"role": "user", "content": "q"}], reward=reward)]
     )
+
+
+async def test_a_run_stores_its_traffic_and_the_feedback_on_it(registered, storage):
+    """ModelConfig.traffic: every protocol's completions of the run are stored with their completion id,
+    token data, sampling parameters and policy version, except `store: false` ones and other runs'.
+    Feedback joins them by id (idempotent), by a key that sees the run or the response's signed token;
+    the rest is refused in the endpoint's error shape. A restarted log loses nothing."""
+    import httpx
+    import ray
+
+    from art_ray import FeedbackError, KeyGrant, TrafficConfig
+    from art_ray.traffic.log import get_traffic_log
+
+    backend, untracked = registered
+    config = CONFIG.model_copy(update={"share_trainer": True, "traffic": TrafficConfig(flush_turns=4)})
+    model = TrainableModel(name="sdk-traffic", project="sdk-tests", base_model="tiny", config=config)
+    await model.register(backend)
+    client = model.openai_client()
+    hello = [{"role": "user", "content": "Say hello."}]
+
+    raw = await client.chat.completions.with_raw_response.create(
+        model=model.name, messages=hello, max_tokens=4, temperature=0.7
+    )
+    chat, token = raw.parse(), raw.headers["x-art-ray-feedback-token"]
+    stream = await client.chat.completions.create(model=model.name, messages=hello, max_tokens=4, stream=True)
+    streamed = {chunk.id async for chunk in stream}
+    text = await client.completions.create(model=f"{model.name}@0", prompt="Count:", max_tokens=3)
+    answered = await client.responses.create(model=model.name, input="Hi", max_output_tokens=4)
+    # not stored: the request opts out, or the run stores no traffic
+    opted_out = await client.chat.completions.create(
+        model=model.name, messages=hello, max_tokens=2, extra_body={"store": False}
+    )
+    await client.responses.create(model=model.name, input="Hi", max_output_tokens=2, store=False)
+    other = await untracked.openai_client().chat.completions.create(
+        model=untracked.name, messages=hello, max_tokens=2
+    )
+
+    snapshot = await model.traffic()
+    turns = {turn.completion_id: turn.turn for turn in snapshot.turns}
+    assert len(turns) == 4 and {chat.id, text.id, *streamed} <= set(turns)
+    assert answered.id.removeprefix("resp_") in {cid.removeprefix("chatcmpl-") for cid in turns}
+    assert turns[chat.id].choice["sampling_params"]["temperature"] == 0.7
+    assert turns[chat.id].choice["token_ids"] == sampled_tokens(chat.choices[0]).token_ids
+    assert {turn.choice["policy_version"] for turn in turns.values()} == {0}
+    assert opted_out.id not in turns and other.id not in turns
+
+    record = await model.feedback(chat.id, score=1.0, comment="good", feedback_id="fb-sdk-test-000001")
+    again = await model.feedback(chat.id, score=-1.0, feedback_id="fb-sdk-test-000001")
+    assert again == record and (record.completion_id, record.score, record.source) == (chat.id, 1.0, "user")
+    for missing in (opted_out.id, other.id, "chatcmpl-unknown"):
+        with pytest.raises(FeedbackError) as refused:
+            await model.feedback(missing, score=0.0)
+        assert refused.value.status == 404
+    with pytest.raises(ValueError):
+        await model.feedback(chat.id, score=float("inf"))
+
+    async with httpx.AsyncClient(base_url=model.base_url) as browser:  # no API key: the token alone
+        posted = await browser.post("/feedback", json={"token": token, "score": 0.5, "source": "user"})
+        assert posted.status_code == 200 and posted.json()["completion_id"] == chat.id
+        forged = await browser.post("/feedback", json={"token": token[:-4] + "0000", "score": 0.5})
+        assert forged.status_code == 401 and forged.json()["error"]["type"] == "AuthenticationError"
+        keyless = await browser.post("/feedback", json={"completion_id": chat.id, "score": 0.5})
+        assert keyless.status_code == 401
+        malformed = await browser.post(
+            "/feedback",
+            json={"completion_id": chat.id, "score": "high"},
+            headers={"Authorization": f"Bearer {API_KEY}"},
+        )
+        assert malformed.status_code == 400 and malformed.json()["error"]["param"] == "score"
+        outsider = await backend.create_key(KeyGrant(name="sdk-outsider"))
+        foreign = await browser.post(
+            "/feedback",
+            json={"completion_id": chat.id, "score": 0.5},
+            headers={"Authorization": f"Bearer {outsider}"},
+        )
+        assert foreign.status_code == 404  # another key's run: as if the turn did not exist
+
+    log = get_traffic_log(model.name)
+    ray.kill(log, no_restart=False)  # Ray restarts it; it reads its files and its segment back
+    restored = await model.traffic()
+    assert {turn.completion_id for turn in restored.turns} == set(turns)
+    assert sorted(f.score for f in restored.feedback) == [0.5, 1.0]
+    assert (await model.feedback(text.id, score=0.0)).completion_id == text.id
+    await backend.delete_run(model)
+    assert read_traffic(f"{storage}/sdk-tests/models/sdk-traffic/traffic").turns  # the files stay
 
 
 async def test_restart_resumes_step_and_run_then_delete_checkpoints(registered, storage):

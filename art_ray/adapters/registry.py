@@ -219,7 +219,7 @@ class LoRARegistry:
         await self._recovered()
         self._versions.pop(model, None)
         serving = sum(await self._broadcast_call("unload_model", (model,), timeout_s))
-        await self._set_access(self._access.with_owner(model, None), timeout_s)
+        await self._set_access(self._access.with_owner(model, None).with_traffic(model, False), timeout_s)
         return serving
 
     async def access(self) -> AccessTable:
@@ -244,6 +244,12 @@ class LoRARegistry:
         await self._recovered()
         if self._access.owners.get(model) != owner:
             await self._set_access(self._access.with_owner(model, owner), timeout_s)
+
+    async def set_traffic(self, model: str, stored: bool, timeout_s: float = 300.0) -> None:
+        """Every replica stores `model`'s served turns in its traffic log (or stops) when this returns."""
+        await self._recovered()
+        if (model in self._access.traffic) != stored:
+            await self._set_access(self._access.with_traffic(model, stored), timeout_s)
 
     async def _set_access(self, table: AccessTable, timeout_s: float) -> None:
         self._access = table

@@ -36,6 +36,7 @@ from art_ray.trajectories import Trajectory, TrajectoryGroup
 if TYPE_CHECKING:
     from art_ray.model import TrainableModel
     from art_ray.tracking import Tracker
+    from art_ray.traffic.files import TrafficSnapshot
 
 Reply = TypeVar("Reply", bound=pydantic.BaseModel)
 
@@ -168,6 +169,12 @@ class HTTPBackend:
 
     async def get_step(self, model: TrainableModel) -> int:
         return (await self._post("step", ModelRef(model=model.name), StepResponse)).step
+
+    async def traffic(self, model: TrainableModel) -> TrafficSnapshot:
+        """The run's stored turns and feedback (ModelConfig.traffic), read by the server."""
+        from art_ray.traffic.files import TrafficSnapshot
+
+        return await self._post("traffic", ModelRef(model=model.name), TrafficSnapshot)
 
     async def delete_checkpoints(
         self,

@@ -8,6 +8,7 @@ Routes (under the training app's prefix, `/_art` by default), all POST with a JS
 - `/train_sft` TrainSFTRequest -> the same stream
 - `/log` LogRequest -> LogResponse
 - `/step` ModelRef -> StepResponse
+- `/traffic` ModelRef -> TrafficSnapshot (art_ray/traffic/files.py: the run's stored turns and feedback)
 - `/delete_checkpoints` DeleteCheckpointsRequest -> DeleteCheckpointsResponse
 - `/delete_run` DeleteRunRequest -> DeleteRunResponse
 """

@@ -329,6 +329,14 @@ class TrainingServer:
 
         return await self._call(request, ModelRef, handle)
 
+    @app.post("/traffic")
+    async def traffic(self, request: Request) -> Response:
+        async def handle(body: ModelRef, grant: KeyGrant | None) -> Response:
+            model = self._model(body.model, grant)
+            return JSONResponse((await self.backend.traffic(model)).model_dump(mode="json"))
+
+        return await self._call(request, ModelRef, handle)
+
     @app.post("/delete_checkpoints")
     async def delete_checkpoints(self, request: Request) -> Response:
         async def handle(body: DeleteCheckpointsRequest, grant: KeyGrant | None) -> Response:

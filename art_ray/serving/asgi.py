@@ -30,7 +30,12 @@ def unknown_model(model: str) -> str:
 
 
 # OpenAI's error `type` by the status art-ray's own middleware answers with
-OPENAI_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitError"}
+OPENAI_ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    429: "RateLimitError",
+}
 
 # Anthropic's error `type` by status (https://docs.anthropic.com/en/api/errors); clients raise by status
 ANTHROPIC_ERROR_TYPES = {
@@ -73,11 +78,14 @@ class Caller:
     run key's (None: the admin key, or anyone on a keyless endpoint); `binding`, what stored state
     (capture sessions, stored responses) is bound to: the key's SHA-256 digest, "" on a keyless
     endpoint for a caller with no run key (clients there send made-up keys, which differ from client to
-    client); `access`, the keys and owners the gate judged by."""
+    client); `access`, the keys and owners the gate judged by. `authenticated` False: a request without
+    a key that the gate let through to a route that authorizes it otherwise (feedback with a signed
+    token), never to be taken for the admin."""
 
     grant: KeyGrant | None = None
     binding: str = ""
     access: AccessTable = dataclasses.field(default_factory=AccessTable)
+    authenticated: bool = True
 
     def sees(self, model: str) -> bool:
         return self.access.sees(self.grant, model)

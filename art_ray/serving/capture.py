@@ -16,11 +16,18 @@ middleware as chat completions (art_ray/serving/protocol_bridge.py), so they are
 text completion (`/v1/completions`, one prompt) is recorded as a one-message conversation whose choice is
 in chat's shape (completion_as_chat_choice). The turn is appended to the cluster's capture store before the
 response's last byte goes out. A session records one choice per request (`n` must be 1).
+
+Traffic: a completion for a run that stores its traffic (`ModelConfig.traffic`; the access table lists
+them) is appended to the run's traffic log the same way, unless the request says `"store": false` or
+asks for several choices or prompts (feedback names one reply). Its response carries a signed feedback
+token (`X-Art-Ray-Feedback-Token`, art_ray/serving/feedback_token.py), so its header waits for the
+body's first bytes, which hold the completion id.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -53,8 +60,14 @@ from art_ray.serving.endpoint_guard import (
     request_path,
     session_route,
 )
+from art_ray.serving.feedback_token import FEEDBACK_TOKEN_HEADER, FeedbackSigner
+from art_ray.serving.traffic_logs import TrafficLogs
+from art_ray.traffic.files import StoredTurn
+
+logger = logging.getLogger(__name__)
 
 SESSION_HEADER = b"x-art-ray-session"
+RESPONSE_ID = re.compile(rb'"id"\s*:\s*"([^"]{1,256})"')
 
 
 class CaptureMiddleware:
@@ -62,10 +75,18 @@ class CaptureMiddleware:
     caller's binding (asgi.Caller): on a keyless endpoint, for callers without a run key, none (their
     sessions are reached by their random id alone)."""
 
-    def __init__(self, app: Callable, store: Callable[[], Any]) -> None:
+    def __init__(
+        self,
+        app: Callable,
+        store: Callable[[], Any],
+        traffic_logs: TrafficLogs | None = None,
+        signer: FeedbackSigner | None = None,
+    ) -> None:
         self.app = app
         self._store_lookup = store
         self._store: Any = None
+        self._traffic_logs = traffic_logs or TrafficLogs()
+        self._signer = signer
 
     def _key_digest(self, scope: Scope) -> str:
         return caller_of(scope).binding
@@ -91,10 +112,11 @@ class CaptureMiddleware:
         if routed := session_route(path):
             session_id, path = routed
             scope = with_path(scope, path)
-        if session_id is None or method != "POST":
+        stores_traffic = bool(caller_of(scope).access.traffic)
+        if method != "POST" or (session_id is None and not stores_traffic):
             await self.app(scope, receive, send)
             return
-        if not re.fullmatch(SESSION_ID, session_id):
+        if session_id is not None and not re.fullmatch(SESSION_ID, session_id):
             message = (
                 f"a capture session id is 16-64 characters of A-Z, a-z, 0-9, _ and -, not {session_id!r}"
             )
@@ -141,7 +163,9 @@ class CaptureMiddleware:
             return
         await send_error(send, 404, f"capture session {session_id!r} not found or expired", "NotFoundError")
 
-    async def _record(self, scope: Scope, receive: Receive, send: Send, session_id: str, chat: bool) -> None:
+    async def _record(
+        self, scope: Scope, receive: Receive, send: Send, session_id: str | None, chat: bool
+    ) -> None:
         body = await read_body(receive)
         try:
             payload = json.loads(body)
@@ -150,7 +174,27 @@ class CaptureMiddleware:
             # not recordable; the model-name middleware or vLLM answers it with its own 400
             await self.app(scope, replay(body, receive), send)
             return
+        if payload.get("store") not in (None, True, False):
+            message = "`store` is true (the default) or false (this completion is not stored for training)"
+            await send_error(send, 400, message, "BadRequestError", "store")
+            return
         prompt = None if chat else payload.get("prompt")
+        traffic = None
+        caller = caller_of(scope)
+        if (
+            name in caller.access.traffic
+            and caller.sees(name)
+            and payload.get("store") is not False
+            and payload.get("n") in (None, 1)
+            and (chat or _single_prompt(prompt))
+        ):
+            traffic = self._traffic_logs.get(name)
+        if session_id is None:
+            if traffic is None:
+                await self.app(scope, replay(body, receive), send)
+            else:
+                await self._recorded(scope, receive, send, body, payload, chat, None, (name, traffic))
+            return
         if not chat and not _single_prompt(prompt):
             message = "a capture session records one prompt per completion: a string or a list of token ids"
             await send_error(send, 400, message, "BadRequestError", "prompt")
@@ -164,37 +208,95 @@ class CaptureMiddleware:
                 "n",
             )
             return
-        digest = self._key_digest(scope)
-        refused = await self.store.admit.remote(session_id, digest, name)
+        refused = await self.store.admit.remote(session_id, self._key_digest(scope), name)
         if refused is not None:
             await send_error(send, refused.status, refused.message, OPENAI_ERROR_TYPES[refused.status])
             return
+        await self._recorded(
+            scope, receive, send, body, payload, chat, session_id, (name, traffic) if traffic else None
+        )
+
+    async def _recorded(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        body: bytes,
+        payload: dict[str, Any],
+        chat: bool,
+        session_id: str | None,
+        traffic: tuple[str, Any] | None,
+    ) -> None:
+        """Serve the request, and before its last byte store its turn: in the capture session
+        `session_id`, and in the traffic log of `traffic` (the run and its log's handle)."""
+        digest = self._key_digest(scope)
         response = _Response(stream=bool(payload.get("stream")), chat=chat)
-        request_messages = (payload.get("messages") or []) if chat else _prompt_messages(prompt)
+        request_messages = (
+            (payload.get("messages") or []) if chat else _prompt_messages(payload.get("prompt"))
+        )
         sampling = SamplingParams.of_request(payload)
+        held_start: Message | None = None
 
         async def recorded(message: Message) -> None:
+            nonlocal held_start
             if message["type"] == "http.response.start":
                 response.status = message["status"]
+                if traffic is not None and response.status == 200 and self._signer is not None:
+                    held_start = message  # its token needs the completion id, in the body's first bytes
+                    return
             elif message["type"] == "http.response.body" and response.status == 200:
                 response.feed(message.get("body", b""))
+                if held_start is not None:
+                    await send(self._with_token(held_start, traffic[0], message.get("body", b"")))
+                    held_start = None
                 if not message.get("more_body"):  # the last byte waits until the turn is stored
-                    choice, completion_id = response.parsed()
-                    if choice is not None:
-                        if sampling is not None:  # a stream's choice has none of its own
-                            choice.setdefault(CHOICE_KEY, sampling.as_choice_field())
-                        turn = CapturedTurn(
-                            request_messages=request_messages,
-                            tools=payload.get("tools"),
-                            choice=choice,
-                            model=payload["model"],
-                            created_at=time.time(),
-                            completion_id=completion_id,
-                        )
-                        await self.store.append.remote(session_id, digest, turn)
+                    await self._store_turn(
+                        response, payload, request_messages, sampling, session_id, digest, traffic
+                    )
             await send(message)
 
         await self.app(scope, replay(body, receive), recorded)
+
+    def _with_token(self, start: Message, run: str, first_bytes: bytes) -> Message:
+        assert self._signer is not None
+        found = RESPONSE_ID.search(first_bytes)
+        if found is None:
+            return start
+        token = self._signer.sign(run, found.group(1).decode("utf-8", "replace"))
+        header = (FEEDBACK_TOKEN_HEADER.lower().encode(), token.encode())
+        return {**start, "headers": [*start.get("headers", []), header]}
+
+    async def _store_turn(
+        self,
+        response: _Response,
+        payload: dict[str, Any],
+        request_messages: list[dict[str, Any]],
+        sampling: SamplingParams | None,
+        session_id: str | None,
+        digest: str,
+        traffic: tuple[str, Any] | None,
+    ) -> None:
+        choice, completion_id = response.parsed()
+        if choice is None:
+            return
+        if sampling is not None:  # a stream's choice has none of its own
+            choice.setdefault(CHOICE_KEY, sampling.as_choice_field())
+        turn = CapturedTurn(
+            request_messages=request_messages,
+            tools=payload.get("tools"),
+            choice=choice,
+            model=payload["model"],
+            created_at=time.time(),
+            completion_id=completion_id,
+        )
+        if session_id is not None:
+            await self.store.append.remote(session_id, digest, turn)
+        if traffic is not None and completion_id is not None:
+            run, log = traffic
+            try:
+                await log.append.remote(StoredTurn(turn=turn, session_id=session_id))
+            except Exception as error:  # the log restarts; the client still gets its answer
+                logger.warning("a turn of %r was served but not stored in its traffic log: %s", run, error)
 
 
 def _single_prompt(prompt: Any) -> bool:

@@ -44,6 +44,7 @@ RESPONSES_PATH = "/v1/responses"
 MESSAGES_PATH = "/v1/messages"  # Anthropic Messages
 MODELS_PATH = "/v1/models"
 HEALTH_PATH = "/health"
+FEEDBACK_PATH = "/v1/feedback"  # art_ray/serving/feedback_route.py
 
 # capture sessions (art_ray/serving/capture.py): opened here, read and closed at SESSION_RESOURCE, and an
 # agent's base URL is `/sessions/{id}/v1`
@@ -63,6 +64,7 @@ ROUTES = {
     MODELS_PATH: "GET",
     HEALTH_PATH: "GET",
     SESSIONS_PATH: "POST",
+    FEEDBACK_PATH: "POST",
 }
 
 
@@ -155,6 +157,9 @@ class EndpointGuard:
             await send_error_json(send, 405, f"{path} takes {allowed}, not {method}", "MethodNotAllowedError")
             return
         caller = self._caller(scope)
+        if caller is None and routed_path(path) == FEEDBACK_PATH:
+            # a browser posts feedback with the response's signed token instead of a key
+            caller = Caller(access=self._access(), authenticated=False)
         if caller is None:
             await send_error_json(
                 send,

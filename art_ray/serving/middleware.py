@@ -121,6 +121,7 @@ class ModelRoutingMiddleware:
             await self._route_version(payload, model, caller)
         if payload.get("max_tokens") is None and payload.get("max_completion_tokens") is None:
             payload["max_tokens"] = self.default_max_tokens
+        payload.pop("store", None)  # capture's (art_ray/serving/capture.py); vLLM has no such field
         if payload.get("temperature") is None:  # said, so that the recorded temperature is the one used
             payload["temperature"] = DEFAULT_TEMPERATURE
         payload.setdefault("return_token_ids", True)

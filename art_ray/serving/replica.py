@@ -25,11 +25,14 @@ from art_ray.serving.capture import CaptureMiddleware
 from art_ray.serving.config import ServedCheckpoint, ServingConfig
 from art_ray.serving.disconnect import DisconnectOnCancel
 from art_ray.serving.endpoint_guard import MESSAGES_PATH, RESPONSES_PATH, EndpointGuard
+from art_ray.serving.feedback_route import FeedbackMiddleware
+from art_ray.serving.feedback_token import FeedbackSigner
 from art_ray.serving.messages_bridge import MessagesBridge
 from art_ray.serving.middleware import ModelRoutingMiddleware
 from art_ray.serving.protocol_bridge import ProtocolBridge
 from art_ray.serving.response_store import ClusterResponseHistory
 from art_ray.serving.responses_bridge import ResponsesBridge
+from art_ray.serving.traffic_logs import TrafficLogs
 from art_ray.serving.vllm_app import build_engine_and_app
 
 logger = logging.getLogger(__name__)
@@ -54,14 +57,17 @@ class InferenceReplica:
             config.engine.model,
             self._registry.get.remote,
         )
-        # Outermost: a cancelled request tells vLLM its client left, then the gate (routes, key), the
-        # Responses and Messages protocols as chat completions, capture sessions; innermost, after vLLM's
-        # own middleware: model names and per-request limits.
+        # Outermost: a cancelled request tells vLLM its client left, then the gate (routes, key), feedback,
+        # the Responses and Messages protocols as chat completions, capture sessions and stored traffic;
+        # innermost, after vLLM's own middleware: model names and per-request limits.
+        signer = FeedbackSigner(config.api_key or deployment or config.app_name)
+        traffic_logs = TrafficLogs()
         self._app.user_middleware[:0] = [
             Middleware(DisconnectOnCancel),
             Middleware(
                 EndpointGuard, api_key=config.api_key, access=self.current_access, deployment=deployment
             ),
+            Middleware(FeedbackMiddleware, signer=signer, traffic_logs=traffic_logs),
             Middleware(
                 ProtocolBridge,
                 bridges={
@@ -69,7 +75,7 @@ class InferenceReplica:
                     MESSAGES_PATH: MessagesBridge(self._app.state.anthropic_serving_messages),
                 },
             ),
-            Middleware(CaptureMiddleware, store=get_capture_store),
+            Middleware(CaptureMiddleware, store=get_capture_store, traffic_logs=traffic_logs, signer=signer),
         ]
         self._app.user_middleware.append(
             Middleware(

@@ -139,6 +139,8 @@ class ResponsesBridge:
             if payload.get(responses_name) is not None:
                 chat[chat_name] = payload[responses_name]
         chat.update(sampling_extras(payload))
+        if payload.get("store") is False:  # not stored for training either (art_ray/serving/capture.py)
+            chat["store"] = False
         text_format = (payload.get("text") or {}).get("format") or {}
         if text_format.get("type") == "json_schema":
             chat["response_format"] = {
