@@ -139,10 +139,10 @@ def test_train_streams_metrics_publishes_and_the_served_model_changes(
 
 
 TWO_STEPS = TrainConfig(learning_rate=1e-2, num_gradient_steps=2)
-# The equivalence tests' two train calls. Two steps of the three groups mix prompts in each step; three
-# steps give each step one prompt's samples, whose prompt (33 tokens) is the step's prefix, computed once
-# and trained through (step_prefix.py): ZeRO-3 once dropped the rows' gradients there.
-EQUIVALENCE_CALLS = [TWO_STEPS, TrainConfig(learning_rate=1e-2, num_gradient_steps=3)]
+# The equivalence tests' train call: four steps of three samples each. The first and the last hold one
+# prompt's samples, whose prompt (33 tokens) is the step's prefix, computed once and trained through
+# (step_prefix.py: ZeRO-3 once dropped the rows' gradients there); the two between mix prompts.
+EQUIVALENCE = TrainConfig(learning_rate=1e-2, num_gradient_steps=4)
 
 
 def step_prefixes(app, groups, config: TrainConfig) -> list[int]:
@@ -177,10 +177,10 @@ def assert_same_adapter(
 
 @pytest.fixture(scope="module")
 def one_rank_adapter(inference_app, rollouts, tmp_path_factory) -> dict[str, torch.Tensor]:
-    assert [bool(length) for length in step_prefixes(inference_app, rollouts, TWO_STEPS)] == [False, False]
-    assert min(step_prefixes(inference_app, rollouts, EQUIVALENCE_CALLS[1])) >= 32
+    prefixes = step_prefixes(inference_app, rollouts, EQUIVALENCE)
+    assert [length >= 32 for length in prefixes] == [True, False, False, True], prefixes
     storage = tmp_path_factory.mktemp("one")
-    adapter = asyncio.run(trained_adapter(inference_app, rollouts, storage, 1, EQUIVALENCE_CALLS))
+    adapter = asyncio.run(trained_adapter(inference_app, rollouts, storage, 1, [EQUIVALENCE]))
     assert any(tensor.abs().sum() > 0 for name, tensor in adapter.items() if "lora_B" in name)
     return adapter
 
@@ -191,7 +191,7 @@ def one_rank_adapter(inference_app, rollouts, tmp_path_factory) -> dict[str, tor
 def test_world_size_2_gives_the_same_adapter_as_world_size_1(
     inference_app, rollouts, one_rank_adapter, tmp_path, zero_stage
 ) -> None:
-    two = asyncio.run(trained_adapter(inference_app, rollouts, tmp_path, 2, EQUIVALENCE_CALLS, zero_stage))
+    two = asyncio.run(trained_adapter(inference_app, rollouts, tmp_path, 2, [EQUIVALENCE], zero_stage))
     # ZeRO-3 reduce-scatters partitioned gradients: sums in another order differ by ~1e-8, which Adam
     # (eps 1e-4 here) turns into differences of 2-3e-7 (measured); the update itself is ~1e-2, so 1e-5
     # still fails on any real divergence. Stages 0-2 have matched exactly.
@@ -228,11 +228,9 @@ def test_precalculated_logprobs_train_as_if_the_sampler_had_matched_the_trainer(
 
     async def train() -> tuple[list, dict[str, torch.Tensor]]:
         await group.start()
-        metrics = []
-        for call in EQUIVALENCE_CALLS:
-            settings = call.model_copy(update={"precalculate_logprobs": True})
-            metrics.append(await run_train(group, as_if_a_grammar_forced_every_token(rollouts), settings))
-        return metrics[0], await group.adapter_tensors()
+        settings = EQUIVALENCE.model_copy(update={"precalculate_logprobs": True})
+        metrics = await run_train(group, as_if_a_grammar_forced_every_token(rollouts), settings)
+        return metrics, await group.adapter_tensors()
 
     try:
         metrics, adapter = asyncio.run(train())
