@@ -17,7 +17,7 @@ from collections.abc import Callable
 import pydantic
 
 from art_ray.adapters.spec import InvalidModelNameError, parse_versioned_name
-from art_ray.feedback import Feedback
+from art_ray.feedback import Feedback, new_feedback_id
 from art_ray.serving.asgi import Receive, Scope, Send, caller_of, read_body, send_error, send_json
 from art_ray.serving.endpoint_guard import FEEDBACK_PATH, request_path, routed_path
 from art_ray.serving.feedback_token import FeedbackSigner
@@ -60,6 +60,8 @@ class FeedbackMiddleware:
             )
             await send_error(send, 400, f"bad feedback: {message}", "BadRequestError", field)
             return
+        if feedback.feedback_id is None:  # drawn here, so the log's retry of this call stores it once
+            feedback = feedback.model_copy(update={"feedback_id": new_feedback_id()})
         caller = caller_of(scope)
         completion_id = feedback.completion_id
         if feedback.token is not None:

@@ -215,12 +215,15 @@ TrafficLogActor = ray.remote(num_cpus=0)(TrafficLog)
 
 def ensure_traffic_log(run: str, folder: str, config: TrafficConfig) -> ray.actor.ActorHandle:
     """The run's traffic log, started unless it runs (restarted by Ray if it dies)."""
+    # a call made while it restarts waits for it: every call is safe to repeat (a turn is stored once by
+    # its completion id, a feedback by its id, which the endpoint draws before the call)
     return TrafficLogActor.options(
         name=traffic_log_name(run),
         namespace=NAMESPACE,
         lifetime="detached",
         get_if_exists=True,
         max_restarts=-1,
+        max_task_retries=-1,
     ).remote(run, folder, config)
 
 
