@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class Backend(Protocol):
+    """What a TrainableModel needs of whatever serves and trains it: RayBackend on a Ray cluster,
+    HTTPBackend through a training server."""
+
     # the OpenAI-compatible endpoint the registered models are served at, and its key
     base_url: str | None
     api_key: str | None

@@ -16,6 +16,9 @@ Item = TypeVar("Item")
 
 @dataclass
 class DatasetBatch(Generic[Item]):
+    """One training step's share of a dataset (`iterate_dataset`): its items, the global step it is for,
+    and where it falls in the epochs."""
+
     items: list[Item]
     step: int
     epoch: int

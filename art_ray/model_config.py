@@ -37,6 +37,10 @@ class ReplicaAutoscaling(pydantic.BaseModel):
 
 
 class ModelConfig(pydantic.BaseModel):
+    """A TrainableModel's settings for its whole run: the LoRA shape, the layout and sizes of its trainer
+    and inference replicas, serving limits, run keys, traffic capture. One config spine: the role configs
+    (art_ray/role_configs.py) take their fields from it by name."""
+
     model_config = pydantic.ConfigDict(extra="forbid")
 
     lora: LoRASpec = pydantic.Field(default_factory=LoRASpec)

@@ -136,5 +136,7 @@ def write_trajectory_groups(groups: list[TrajectoryGroup], path: str | Path) -> 
 
 
 def read_trajectory_groups(path: str | Path) -> list[TrajectoryGroup]:
+    """The groups of one Parquet file written by `write_trajectory_groups` (or by the backend for each
+    step), from a local path or a pyarrow.fs URI; served choices come back as `Choice` objects."""
     filesystem, inner = resolve_filesystem(path)
     return table_to_groups(pq.read_table(inner, filesystem=filesystem))

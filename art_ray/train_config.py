@@ -9,6 +9,10 @@ import pydantic
 
 
 class TrainConfig(pydantic.BaseModel):
+    """One GRPO train call's settings: learning rate, optimizer steps per call, the policy loss and its
+    clip, KL penalty (`beta`), advantage scaling, old logprobs from the trainer or the engine. Invalid
+    values raise pydantic's ValidationError when the config is made."""
+
     model_config = pydantic.ConfigDict(extra="forbid")
 
     learning_rate: float = pydantic.Field(default=5e-6, gt=0)

@@ -179,6 +179,9 @@ def get_messages(messages_and_choices: MessagesAndChoices) -> list[Message]:
 
 
 class PydanticException(pydantic.BaseModel):
+    """A rollout's exception as a TrajectoryGroup keeps it (`group.exceptions`): its type, message and
+    traceback, serializable where the exception itself is not."""
+
     type: str
     message: str
     traceback: str
@@ -218,6 +221,10 @@ class History(_ConversationModel):
 
 
 class Trajectory(_ConversationModel):
+    """One rollout: its conversation (`messages_and_choices`: messages as dicts and the endpoint's sampled
+    `Choice`s, which hold the token ids and logprobs that train), tools, reward, metrics and metadata.
+    `check_trainable()` raises MissingTokenDataError when a choice lacks its token data."""
+
     additional_histories: list[History] = pydantic.Field(default_factory=list)
     reward: float = 0.0
     # The policy versions (trained steps) that served this trajectory's first and last turn, as ART names
