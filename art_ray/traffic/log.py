@@ -76,9 +76,9 @@ class TrafficLog:
         self._load()
 
     def _load(self) -> None:
+        filesystem, inner = resolve_filesystem(self._folder)
+        columns = ["completion_id", "created_at", "session_id"]
         for name in file_names(self._folder, TURNS_PREFIX):
-            filesystem, inner = resolve_filesystem(self._folder)
-            columns = ["completion_id", "created_at", "session_id"]
             for row in pq.read_table(f"{inner}/{name}", columns=columns, filesystem=filesystem).to_pylist():
                 self._index(row["completion_id"], row["created_at"], row["session_id"])
         for name in file_names(self._folder, FEEDBACK_PREFIX):
@@ -108,7 +108,7 @@ class TrafficLog:
         `feedback.session_id` when None); the same `feedback_id` again answers the first record."""
         if feedback.feedback_id is not None and feedback.feedback_id in self._feedback:
             return FeedbackOutcome(record=self._feedback[feedback.feedback_id])
-        self._expire()
+        self._forget_expired()  # the files are pruned when they are written, not per feedback
         if completion_id is None and feedback.session_id is not None:
             completion_id = self._last_of_session.get(feedback.session_id)
         if completion_id is None or completion_id not in self._served:
@@ -196,6 +196,15 @@ class TrafficLog:
 
     def _expire(self) -> None:
         """Forget turns past retention and delete the files that hold only such turns (or feedback)."""
+        cutoff = self._forget_expired()
+        filesystem, inner = resolve_filesystem(self._folder)
+        for name in file_names(self._folder, TURNS_PREFIX) + file_names(self._folder, FEEDBACK_PREFIX):
+            newest = int(name.rsplit("-", 1)[1].removesuffix(".parquet")) / 1000  # written at
+            if newest < cutoff:
+                filesystem.delete_file(f"{inner}/{name}")
+
+    def _forget_expired(self) -> float:
+        """Drop the index's turns past retention (and their sessions' and feedback's entries); the cutoff."""
         cutoff = time.time() - self._config.retention_s
         for completion_id in [cid for cid, at in self._served.items() if at < cutoff]:
             del self._served[completion_id]
@@ -203,11 +212,7 @@ class TrafficLog:
             del self._last_of_session[session_id]
         for feedback_id in [f for f, r in self._feedback.items() if r.completion_id not in self._served]:
             del self._feedback[feedback_id]
-        filesystem, inner = resolve_filesystem(self._folder)
-        for name in file_names(self._folder, TURNS_PREFIX) + file_names(self._folder, FEEDBACK_PREFIX):
-            newest = int(name.rsplit("-", 1)[1].removesuffix(".parquet")) / 1000  # written at
-            if newest < cutoff:
-                filesystem.delete_file(f"{inner}/{name}")
+        return cutoff
 
 
 TrafficLogActor = ray.remote(num_cpus=0)(TrafficLog)
