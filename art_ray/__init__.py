@@ -51,7 +51,14 @@ if TYPE_CHECKING:
     from art_ray.capture.session import capture_session
     from art_ray.parquet import read_trajectory_groups, write_trajectory_groups
     from art_ray.rollout_runner import captured_rollout, remote_rollout
-    from art_ray.traffic.files import StoredTurn, TrafficSnapshot
+    from art_ray.traffic.online import OnlineStep, OnlineTrainConfig, OnlineTrainer
+    from art_ray.traffic.records import (
+        LabeledTurn,
+        MaturedTraffic,
+        StoredTurn,
+        TrafficCursor,
+        TrafficSnapshot,
+    )
 
 _ON_FIRST_USE = {
     # needs openpipe-art (`pip install "art-ray[art]"`)
@@ -63,8 +70,14 @@ _ON_FIRST_USE = {
     "capture_session": "art_ray.capture.session",
     "read_trajectory_groups": "art_ray.parquet",
     "write_trajectory_groups": "art_ray.parquet",
-    "StoredTurn": "art_ray.traffic.files",
-    "TrafficSnapshot": "art_ray.traffic.files",
+    "StoredTurn": "art_ray.traffic.records",
+    "TrafficSnapshot": "art_ray.traffic.records",
+    "LabeledTurn": "art_ray.traffic.records",
+    "MaturedTraffic": "art_ray.traffic.records",
+    "TrafficCursor": "art_ray.traffic.records",
+    "OnlineStep": "art_ray.traffic.online",
+    "OnlineTrainConfig": "art_ray.traffic.online",
+    "OnlineTrainer": "art_ray.traffic.online",
 }
 
 
@@ -96,6 +109,12 @@ __all__ = [
     "StoredTurn",
     "TrafficConfig",
     "TrafficSnapshot",
+    "TrafficCursor",
+    "LabeledTurn",
+    "MaturedTraffic",
+    "OnlineTrainer",
+    "OnlineTrainConfig",
+    "OnlineStep",
     "DatasetBatch",
     "HTTPBackend",
     "LoRASpec",

@@ -36,7 +36,7 @@ from art_ray.trajectories import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from art_ray.model import TrainableModel
-    from art_ray.traffic.files import TrafficSnapshot
+    from art_ray.traffic.records import MaturedTraffic, TrafficCursor, TrafficSnapshot
     from art_ray.trainer.group import TrainerGroup
 
 logger = logging.getLogger(__name__)
@@ -617,6 +617,17 @@ class RayBackend:
         if model.config.traffic is None:
             raise BackendError(f"model {model.name!r} stores no traffic: set ModelConfig.traffic")
         return await get_traffic_log(model.name).snapshot.remote()
+
+    async def matured_traffic(
+        self, model: TrainableModel, after: TrafficCursor | None, limit: int
+    ) -> MaturedTraffic:
+        """The run's labeled turns past `after` (art_ray/traffic/matured.py)."""
+        from art_ray.traffic.log import get_traffic_log
+
+        self._trainer(model)  # raises if not registered
+        if model.config.traffic is None:
+            raise BackendError(f"model {model.name!r} stores no traffic: set ModelConfig.traffic")
+        return await get_traffic_log(model.name).matured.remote(after, limit)
 
     async def delete_run(self, model: TrainableModel, purge_checkpoints: bool = False) -> None:
         """Stop training and serving a registered model, after its train call in flight if one is: its

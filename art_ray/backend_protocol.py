@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from art_ray.model import TrainableModel
     from art_ray.tracking import Tracker
-    from art_ray.traffic.files import TrafficSnapshot
+    from art_ray.traffic.records import MaturedTraffic, TrafficCursor, TrafficSnapshot
     from art_ray.train_config import SFTConfig, TrainConfig
     from art_ray.train_result import TrainEvent
     from art_ray.trajectories import Trajectory, TrajectoryGroup
@@ -53,6 +53,13 @@ class Backend(Protocol):
 
     async def traffic(self, model: TrainableModel) -> TrafficSnapshot:
         """The run's stored turns and the feedback on them (ModelConfig.traffic), oldest first."""
+        ...
+
+    async def matured_traffic(
+        self, model: TrainableModel, after: TrafficCursor | None, limit: int
+    ) -> MaturedTraffic:
+        """The run's labeled turns whose first feedback came after `after`, in that order (up to
+        `limit`), and its counts of labeled, unlabeled and waiting turns."""
         ...
 
     async def delete_checkpoints(

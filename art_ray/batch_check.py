@@ -41,10 +41,10 @@ def check_train_groups(groups: list[TrajectoryGroup], plain_assistant_trains: bo
             else "append each sampled Choice to the trajectory's messages_and_choices"
         )
         raise NothingToTrainError(f"no trajectory holds a served choice to train on: {hint}")
-    if not any(len(set(group.rewards)) > 1 for group in with_trajectories):
+    if not any(group.has_signal for group in with_trajectories):
         warnings.warn(
-            "no group has trajectories with different rewards, so no trajectory has an advantage: the "
-            "step advances with the same adapter",
+            "no group has trajectories with different rewards (or off its baseline), so no trajectory has "
+            "an advantage: the step advances with the same adapter",
             stacklevel=4,
         )
 

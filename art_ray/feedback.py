@@ -29,13 +29,16 @@ class TrafficConfig(pydantic.BaseModel):
     """A run's traffic capture. `retention_s`: stored turns and their feedback are deleted this long after
     the turn (feedback for an older turn is answered 404); `flush_turns`/`flush_s`: the log writes a
     Parquet file of its newest turns after this many turns or seconds, whichever comes first (until then
-    they sit in an append-only segment file beside it, which a restarted log reads back)."""
+    they sit in an append-only segment file beside it, which a restarted log reads back);
+    `mature_after_s`: a turn with no feedback this long after it was served is unlabeled, counted in the
+    feedback coverage and never trained as if it were bad (a turn with feedback is trainable at once)."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
 
     retention_s: float = pydantic.Field(default=7 * 86400.0, gt=0)
     flush_turns: int = pydantic.Field(default=256, ge=1)
     flush_s: float = pydantic.Field(default=60.0, gt=0)
+    mature_after_s: float = pydantic.Field(default=3600.0, gt=0)
 
 
 class Feedback(pydantic.BaseModel):
@@ -80,6 +83,31 @@ class FeedbackRecord(pydantic.BaseModel):
     comment: str | None = None
     source: FeedbackSource = "user"
     received_at: float
+
+
+# OpenAI's limits on a request's `metadata`
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
+
+
+def request_metadata(payload: dict) -> dict[str, str] | None:
+    """A request's `metadata` as OpenAI's API takes it (up to 16 string pairs, keys up to 64 characters,
+    values up to 512); ValueError says what is wrong. A stored turn keeps it, and its `task` groups it."""
+    metadata = payload.get("metadata")
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict) or not all(
+        isinstance(key, str) and isinstance(value, str) for key, value in metadata.items()
+    ):
+        raise ValueError("`metadata` is an object of string keys and string values")
+    if len(metadata) > METADATA_PAIRS:
+        raise ValueError(f"`metadata` holds at most {METADATA_PAIRS} pairs, not {len(metadata)}")
+    for key, value in metadata.items():
+        if len(key) > METADATA_KEY_CHARS or len(value) > METADATA_VALUE_CHARS:
+            raise ValueError(
+                f"`metadata` keys hold at most {METADATA_KEY_CHARS} characters and values "
+                f"{METADATA_VALUE_CHARS} ({key[:80]!r})"
+            )
+    return dict(metadata)
 
 
 def new_feedback_id() -> str:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from art_ray.backend_protocol import Backend
     from art_ray.capture.session import CaptureSession
     from art_ray.tracking import Tracker
-    from art_ray.traffic.files import TrafficSnapshot
+    from art_ray.traffic.records import MaturedTraffic, TrafficCursor, TrafficSnapshot
 
 _CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, AsyncOpenAI]] = (
     weakref.WeakKeyDictionary()
@@ -181,6 +181,12 @@ class TrainableModel(Model):
         oldest first: completion ids, choices with their token ids, logprobs, sampling parameters and
         policy versions."""
         return await self.backend.traffic(self)
+
+    async def matured_traffic(self, after: TrafficCursor | None = None, limit: int = 256) -> MaturedTraffic:
+        """Stored turns that feedback has labeled, in the order their first feedback came, past `after`
+        (the cursor of the last batch taken), up to `limit`; and how many turns are labeled, unlabeled
+        (no feedback within TrafficConfig.mature_after_s) and still waiting. OnlineTrainer's source."""
+        return await self.backend.matured_traffic(self, after, limit)
 
     async def train_stream(
         self, groups: list[TrajectoryGroup], config: TrainConfig | None = None

@@ -83,6 +83,7 @@ def groups_to_table(groups: list[TrajectoryGroup]) -> pa.Table:
             "exceptions": [e.model_dump() for e in group.exceptions],
             "metrics": group.metrics,
             "logs": group.logs,
+            "baseline": group.baseline,
         }
         for group in groups
     ]
@@ -121,6 +122,7 @@ def table_to_groups(table: pa.Table) -> list[TrajectoryGroup]:
             exceptions=info["exceptions"],
             metrics=info.get("metrics", {}),
             logs=info.get("logs", []),
+            baseline=info.get("baseline"),
         )
         for info, members in zip(group_info, trajectories, strict=True)
     ]

@@ -353,8 +353,7 @@ class PipelineTrainer(Generic[Scenario]):
         ]
         if versions and self.state.step - min(versions) > self.max_steps_off_policy:
             return "stale"
-        rewards = group.rewards
-        if len(rewards) < 2 or max(rewards) - min(rewards) < 1e-12:
+        if not group.has_signal:
             return "no_signal"
         return "trainable"
 

@@ -48,10 +48,14 @@ def exists(path: str) -> bool:
 
 
 def write_text(path: str, text: str) -> None:
+    """The whole file or, after a crash mid-write, the one before: written beside it, then moved."""
     filesystem, inner = resolve_filesystem(path)
-    filesystem.create_dir(inner.rsplit("/", 1)[0], recursive=True)
-    with filesystem.open_output_stream(inner) as stream:
+    folder, name = inner.rsplit("/", 1)
+    filesystem.create_dir(folder, recursive=True)
+    partial = f"{folder}/.{name}.partial"
+    with filesystem.open_output_stream(partial) as stream:
         stream.write(text.encode())
+    filesystem.move(partial, inner)
 
 
 def read_text(path: str) -> str:

@@ -303,10 +303,16 @@ class Trajectory(_ConversationModel):
 
 
 class TrajectoryGroup(pydantic.BaseModel):
-    """Trajectories for the same scenario; GRPO compares rewards within a group."""
+    """Trajectories for the same scenario; GRPO compares rewards within a group.
+
+    `baseline`: the reward each trajectory is compared with instead of the group's mean (advantage =
+    reward - baseline, not divided by a std), so that one trajectory alone can train. Groups made from
+    served traffic (art_ray/traffic/groups.py) carry a running mean of their task's rewards: production
+    prompts rarely repeat, and a group of one has no mean to compare with."""
 
     trajectories: list[Trajectory] = pydantic.Field(default_factory=list)
     metadata: dict[str, MetadataValue] = pydantic.Field(default_factory=dict)
+    baseline: float | None = None
     exceptions: list[PydanticException] = pydantic.Field(default_factory=list)
     metrics: dict[str, float | int | bool] = pydantic.Field(default_factory=dict)
     logs: list[str] = pydantic.Field(default_factory=list)
@@ -353,6 +359,14 @@ class TrajectoryGroup(pydantic.BaseModel):
     @property
     def rewards(self) -> list[float]:
         return [trajectory.reward for trajectory in self.trajectories]
+
+    @property
+    def has_signal(self) -> bool:
+        """Whether some trajectory has an advantage: rewards that differ, or one off the baseline."""
+        rewards = self.rewards
+        if self.baseline is not None:
+            return any(abs(reward - self.baseline) > 1e-12 for reward in rewards)
+        return len(rewards) > 1 and max(rewards) - min(rewards) > 1e-12
 
 
 class PendingTrajectoryGroup:

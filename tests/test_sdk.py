@@ -19,6 +19,8 @@ from factories import TINY_CONFIG
 
 from art_ray import (
     LoRASpec,
+    OnlineTrainConfig,
+    OnlineTrainer,
     RayBackend,
     TrainableModel,
     TrainConfig,
@@ -429,6 +431,13 @@ async def test_a_run_stores_its_traffic_and_the_feedback_on_it(registered, stora
     streamed = {chunk.id async for chunk in stream}
     text = await client.completions.create(model=f"{model.name}@0", prompt="Count:", max_tokens=3)
     answered = await client.responses.create(model=model.name, input="Hi", max_output_tokens=4)
+    tagged = await client.chat.completions.create(
+        model=model.name, messages=hello, max_tokens=2, metadata={"task": "greet"}
+    )
+    with pytest.raises(openai.BadRequestError, match="metadata"):
+        await client.chat.completions.create(
+            model=model.name, messages=hello, max_tokens=2, extra_body={"metadata": {"task": 1}}
+        )
     # not stored: the request opts out, or the run stores no traffic
     opted_out = await client.chat.completions.create(
         model=model.name, messages=hello, max_tokens=2, extra_body={"store": False}
@@ -440,7 +449,8 @@ async def test_a_run_stores_its_traffic_and_the_feedback_on_it(registered, stora
 
     snapshot = await model.traffic()
     turns = {turn.completion_id: turn.turn for turn in snapshot.turns}
-    assert len(turns) == 4 and {chat.id, text.id, *streamed} <= set(turns)
+    assert len(turns) == 5 and {chat.id, text.id, tagged.id, *streamed} <= set(turns)
+    assert turns[tagged.id].metadata == {"task": "greet"} and turns[chat.id].metadata is None
     assert answered.id.removeprefix("resp_") in {cid.removeprefix("chatcmpl-") for cid in turns}
     assert turns[chat.id].choice["sampling_params"]["temperature"] == 0.7
     assert turns[chat.id].choice["token_ids"] == sampled_tokens(chat.choices[0]).token_ids
@@ -484,6 +494,18 @@ async def test_a_run_stores_its_traffic_and_the_feedback_on_it(registered, stora
     assert {turn.completion_id for turn in restored.turns} == set(turns)
     assert sorted(f.score for f in restored.feedback) == [0.5, 1.0]
     assert (await model.feedback(text.id, score=0.0)).completion_id == text.id
+
+    # the labeled turns train the run (art_ray/traffic/online.py): chat (0.75, the mean of its two
+    # scores) and text (0.0) are one task (no system prompt, no tools), compared with each other
+    trainer = OnlineTrainer(model, OnlineTrainConfig(min_turns=2))
+    report = await trainer.step()
+    assert report is not None and report.trained and (report.step, report.turns, report.groups) == (1, 2, 1)
+    assert report.reward == pytest.approx(0.375) and report.coverage == 1.0  # nothing past the window
+    assert await model.get_step() == 1 and await trainer.step() is None  # each turn trains once
+    logged = read_trajectory_groups(
+        f"{storage}/sdk-tests/models/sdk-traffic/trajectories/traffic/0001.parquet"
+    )
+    assert {t.metadata["completion_id"] for g in logged for t in g.trajectories} == {chat.id, text.id}
     await backend.delete_run(model)
     assert read_traffic(f"{storage}/sdk-tests/models/sdk-traffic/traffic").turns  # the files stay
 

@@ -12,8 +12,9 @@ import pytest
 from art_ray.capture.turns import CapturedTurn
 from art_ray.feedback import Feedback, TrafficConfig
 from art_ray.serving.feedback_token import FeedbackSigner
-from art_ray.traffic.files import SEGMENT_NAME, StoredTurn, file_names, read_traffic
+from art_ray.traffic.files import SEGMENT_NAME, file_names, read_traffic
 from art_ray.traffic.log import TrafficLog
+from art_ray.traffic.records import StoredTurn
 
 
 def stored(completion_id: str, served_at: float | None = None, session_id: str | None = None) -> StoredTurn:

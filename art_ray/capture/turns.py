@@ -19,6 +19,8 @@ class CapturedTurn(pydantic.BaseModel):
     `token_ids`, `prompt_token_ids`, `policy_version` and `sampling_params` (what it was sampled with:
     art_ray/sampling.py; a streamed turn's come from its request, with `max_tokens` only where it set one).
     `completion_id`: the response's `id` (`chatcmpl-...`, `cmpl-...`), by which feedback can name the turn.
+    `metadata`: the request's OpenAI `metadata` (string pairs); its `task` names the task a stored turn
+    is grouped under for training (art_ray/traffic/groups.py).
     """
 
     request_messages: list[dict[str, Any]]
@@ -27,3 +29,4 @@ class CapturedTurn(pydantic.BaseModel):
     model: str
     created_at: float
     completion_id: str | None = None
+    metadata: dict[str, str] | None = None

@@ -21,6 +21,7 @@ from art_ray.remote.protocol import (
     ErrorBody,
     LogRequest,
     LogResponse,
+    MaturedTrafficRequest,
     ModelRef,
     ModelSpec,
     RegisterResponse,
@@ -36,7 +37,7 @@ from art_ray.trajectories import Trajectory, TrajectoryGroup
 if TYPE_CHECKING:
     from art_ray.model import TrainableModel
     from art_ray.tracking import Tracker
-    from art_ray.traffic.files import TrafficSnapshot
+    from art_ray.traffic.records import MaturedTraffic, TrafficCursor, TrafficSnapshot
 
 Reply = TypeVar("Reply", bound=pydantic.BaseModel)
 
@@ -172,9 +173,18 @@ class HTTPBackend:
 
     async def traffic(self, model: TrainableModel) -> TrafficSnapshot:
         """The run's stored turns and feedback (ModelConfig.traffic), read by the server."""
-        from art_ray.traffic.files import TrafficSnapshot
+        from art_ray.traffic.records import TrafficSnapshot
 
         return await self._post("traffic", ModelRef(model=model.name), TrafficSnapshot)
+
+    async def matured_traffic(
+        self, model: TrainableModel, after: TrafficCursor | None, limit: int
+    ) -> MaturedTraffic:
+        """The run's labeled turns past `after`, read by the server."""
+        from art_ray.traffic.records import MaturedTraffic
+
+        request = MaturedTrafficRequest(model=model.name, after=after, limit=limit)
+        return await self._post("matured_traffic", request, MaturedTraffic)
 
     async def delete_checkpoints(
         self,

@@ -9,6 +9,7 @@ Routes (under the training app's prefix, `/_art` by default), all POST with a JS
 - `/log` LogRequest -> LogResponse
 - `/step` ModelRef -> StepResponse
 - `/traffic` ModelRef -> TrafficSnapshot (art_ray/traffic/files.py: the run's stored turns and feedback)
+- `/matured_traffic` MaturedTrafficRequest -> MaturedTraffic (art_ray/traffic/matured.py: labeled turns)
 - `/delete_checkpoints` DeleteCheckpointsRequest -> DeleteCheckpointsResponse
 - `/delete_run` DeleteRunRequest -> DeleteRunResponse
 """
@@ -22,6 +23,7 @@ import pydantic
 
 from art_ray.adapters.spec import validate_model_name
 from art_ray.model_config import ModelConfig
+from art_ray.traffic.records import TrafficCursor
 from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.train_result import GradientStep, TrainResult
 from art_ray.trajectories import Trajectory, TrajectoryGroup
@@ -75,6 +77,11 @@ class RegisterResponse(_Message):
 
 class ModelRef(_Message):
     model: str
+
+
+class MaturedTrafficRequest(ModelRef):
+    after: TrafficCursor | None = None
+    limit: int = pydantic.Field(default=256, ge=1, le=4096)
 
 
 class TrainRequest(ModelRef):

@@ -30,6 +30,7 @@ from art_ray.remote.protocol import (
     ErrorBody,
     LogRequest,
     LogResponse,
+    MaturedTrafficRequest,
     ModelRef,
     ModelSpec,
     RegisterResponse,
@@ -336,6 +337,15 @@ class TrainingServer:
             return JSONResponse((await self.backend.traffic(model)).model_dump(mode="json"))
 
         return await self._call(request, ModelRef, handle)
+
+    @app.post("/matured_traffic")
+    async def matured_traffic(self, request: Request) -> Response:
+        async def handle(body: MaturedTrafficRequest, grant: KeyGrant | None) -> Response:
+            model = self._model(body.model, grant)
+            matured = await self.backend.matured_traffic(model, body.after, body.limit)
+            return JSONResponse(matured.model_dump(mode="json"))
+
+        return await self._call(request, MaturedTrafficRequest, handle)
 
     @app.post("/delete_checkpoints")
     async def delete_checkpoints(self, request: Request) -> Response:

@@ -36,6 +36,7 @@ from urllib.parse import parse_qs
 
 from art_ray.adapters.spec import InvalidModelNameError, parse_versioned_name
 from art_ray.capture.turns import CapturedTurn
+from art_ray.feedback import request_metadata
 from art_ray.sampling import CHOICE_KEY, SamplingParams
 from art_ray.serving.asgi import (
     OPENAI_ERROR_TYPES,
@@ -62,7 +63,7 @@ from art_ray.serving.endpoint_guard import (
 )
 from art_ray.serving.feedback_token import FEEDBACK_TOKEN_HEADER, FeedbackSigner
 from art_ray.serving.traffic_logs import TrafficLogs
-from art_ray.traffic.files import StoredTurn
+from art_ray.traffic.records import StoredTurn
 
 logger = logging.getLogger(__name__)
 
@@ -178,6 +179,11 @@ class CaptureMiddleware:
             message = "`store` is true (the default) or false (this completion is not stored for training)"
             await send_error(send, 400, message, "BadRequestError", "store")
             return
+        try:
+            request_metadata(payload)
+        except ValueError as error:
+            await send_error(send, 400, str(error), "BadRequestError", "metadata")
+            return
         prompt = None if chat else payload.get("prompt")
         traffic = None
         caller = caller_of(scope)
@@ -288,6 +294,7 @@ class CaptureMiddleware:
             model=payload["model"],
             created_at=time.time(),
             completion_id=completion_id,
+            metadata=request_metadata(payload),
         )
         if session_id is not None:
             await self.store.append.remote(session_id, digest, turn)

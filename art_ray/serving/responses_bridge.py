@@ -141,6 +141,8 @@ class ResponsesBridge:
         chat.update(sampling_extras(payload))
         if payload.get("store") is False:  # not stored for training either (art_ray/serving/capture.py)
             chat["store"] = False
+        if payload.get("metadata") is not None:  # a stored turn keeps it; its `task` groups the turn
+            chat["metadata"] = payload["metadata"]
         text_format = (payload.get("text") or {}).get("format") or {}
         if text_format.get("type") == "json_schema":
             chat["response_format"] = {

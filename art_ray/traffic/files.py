@@ -27,6 +27,7 @@ import pydantic
 from art_ray.capture.turns import CapturedTurn
 from art_ray.feedback import FeedbackRecord
 from art_ray.storage import resolve_filesystem
+from art_ray.traffic.records import StoredTurn, TrafficSnapshot
 
 TURNS_PREFIX, FEEDBACK_PREFIX = "turns-", "feedback-"
 SEGMENT_NAME = "segment.jsonl"
@@ -54,31 +55,11 @@ FEEDBACK_SCHEMA = pa.schema(
 )
 
 
-class StoredTurn(pydantic.BaseModel):
-    """A served turn as the traffic log keeps it: the CapturedTurn (its completion id, choice with token
-    ids, logprobs, sampling parameters and policy version) and the capture session it was part of."""
-
-    turn: CapturedTurn
-    session_id: str | None = None
-
-    @property
-    def completion_id(self) -> str:
-        assert self.turn.completion_id is not None  # the log stores turns with an id only
-        return self.turn.completion_id
-
-
 class SegmentRecord(pydantic.BaseModel):
     """One line of the segment: a turn or a feedback."""
 
     turn: StoredTurn | None = None
     feedback: FeedbackRecord | None = None
-
-
-class TrafficSnapshot(pydantic.BaseModel):
-    """A run's stored traffic, oldest first."""
-
-    turns: list[StoredTurn]
-    feedback: list[FeedbackRecord]
 
 
 def turns_table(turns: list[StoredTurn]) -> pa.Table:
@@ -124,13 +105,30 @@ def file_names(folder: str, prefix: str) -> list[str]:
     )
 
 
-def read_turns(folder: str, name: str) -> list[StoredTurn]:
-    filesystem, inner = resolve_filesystem(folder)
-    table = pq.read_table(f"{inner}/{name}", filesystem=filesystem)
+def _stored_turns(table: pa.Table) -> list[StoredTurn]:
     return [
         StoredTurn(turn=CapturedTurn.model_validate_json(row["turn"]), session_id=row["session_id"])
         for row in table.to_pylist()
     ]
+
+
+def read_turns(folder: str, name: str) -> list[StoredTurn]:
+    filesystem, inner = resolve_filesystem(folder)
+    return _stored_turns(pq.read_table(f"{inner}/{name}", filesystem=filesystem))
+
+
+def read_turns_with_ids(folder: str, completion_ids: set[str]) -> list[StoredTurn]:
+    """The stored turns among `completion_ids`, from every turn file (only their rows are decoded)."""
+    import pyarrow.compute as pc
+
+    if not completion_ids:
+        return []
+    filesystem, inner = resolve_filesystem(folder)
+    wanted = pc.field("completion_id").isin(sorted(completion_ids))
+    found = []
+    for name in file_names(folder, TURNS_PREFIX):
+        found += _stored_turns(pq.read_table(f"{inner}/{name}", filesystem=filesystem, filters=wanted))
+    return found
 
 
 def read_feedback(folder: str, name: str) -> list[FeedbackRecord]:

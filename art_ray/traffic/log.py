@@ -27,16 +27,16 @@ from art_ray.traffic.files import (
     SEGMENT_NAME,
     TURNS_PREFIX,
     SegmentRecord,
-    StoredTurn,
-    TrafficSnapshot,
     feedback_table,
     file_names,
     read_feedback,
     read_segment,
     read_traffic,
+    read_turns_with_ids,
     turns_table,
     write_table,
 )
+from art_ray.traffic.records import LabeledTurn, MaturedTraffic, StoredTurn, TrafficCursor, TrafficSnapshot
 
 
 class FeedbackOutcome(pydantic.BaseModel):
@@ -139,6 +139,40 @@ class TrafficLog:
         """Every stored turn and feedback (written to Parquet first)."""
         self.flush()
         return read_traffic(self._folder)
+
+    def matured(self, after: TrafficCursor | None = None, limit: int = 256) -> MaturedTraffic:
+        """The labeled turns whose first feedback came after `after`, in that order, up to `limit`, each
+        with all its feedback so far; and the counts of labeled, unlabeled and waiting turns retained."""
+        self._forget_expired()
+        feedback_of: dict[str, list[FeedbackRecord]] = {}
+        for record in self._feedback.values():
+            feedback_of.setdefault(record.completion_id, []).append(record)
+        for records in feedback_of.values():
+            records.sort(key=lambda record: (record.received_at, record.feedback_id))
+        window_closed = time.time() - self._config.mature_after_s
+        unlabeled = sum(cid not in feedback_of and at < window_closed for cid, at in self._served.items())
+        first = {
+            cid: (records[0].received_at, records[0].feedback_id) for cid, records in feedback_of.items()
+        }
+        order = sorted(
+            (cid for cid in first if after is None or first[cid] > after.key()), key=first.__getitem__
+        )
+        chosen = order[:limit]
+        wanted = set(chosen)
+        unflushed = {turn.completion_id: turn for turn in self._turns if turn.completion_id in wanted}
+        stored = {
+            turn.completion_id: turn for turn in read_turns_with_ids(self._folder, wanted - set(unflushed))
+        }
+        stored.update(unflushed)
+        return MaturedTraffic(
+            turns=[
+                LabeledTurn(stored=stored[cid], feedback=feedback_of[cid]) for cid in chosen if cid in stored
+            ],
+            more=len(order) > limit,
+            labeled=len(feedback_of),
+            unlabeled=unlabeled,
+            waiting=len(self._served) - len(feedback_of) - unlabeled,
+        )
 
     def folder(self) -> str:
         return self._folder

@@ -25,9 +25,16 @@ from art_ray.trajectories import Trajectory, TrajectoryGroup, sampled_tokens
 STD_EPS = 1e-6
 
 
-def group_advantages(rewards: list[float], scale: bool = True) -> list[float] | None:
-    """(r - mean) / (std + eps), or only centred; None for a group with no reward variance. Plain
-    Python: the driver's trainer group imports this module, and torch stays on the ranks."""
+def group_advantages(
+    rewards: list[float], scale: bool = True, baseline: float | None = None
+) -> list[float] | None:
+    """(r - mean) / (std + eps), or only centred; None for a group with no reward variance. With a
+    `baseline` (TrajectoryGroup.baseline): r - baseline, never scaled (a running mean comes with no
+    std of this group), None when every reward equals it. Plain Python: the driver's trainer group
+    imports this module, and torch stays on the ranks."""
+    if baseline is not None:
+        centred = [reward - baseline for reward in rewards]
+        return centred if any(abs(value) >= STD_EPS for value in centred) else None
     if len(rewards) < 2:
         return None
     mean = math.fsum(rewards) / len(rewards)
@@ -207,7 +214,7 @@ def tokenize_groups(
     stats = TokenizeStats(num_groups=len(groups))
     trajectories: list[tuple[Trajectory, float, int]] = []
     for group_id, group in enumerate(groups):
-        advantages = group_advantages(group.rewards, scale=scale_rewards)
+        advantages = group_advantages(group.rewards, scale=scale_rewards, baseline=group.baseline)
         if advantages is None:
             continue
         stats.num_groups_trainable += 1
