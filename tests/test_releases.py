@@ -1,0 +1,112 @@
+"""Releases without a cluster (art_ray/releases.py): sticky arm assignment, the always-valid comparison's
+error rate over many looks, and a release's path through its stages to promotion or rollback."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from art_ray.releases import (
+    ArmStats,
+    Release,
+    ReleasePolicy,
+    apply,
+    decide,
+    guardrail_values,
+    start_canary,
+)
+
+POLICY = ReleasePolicy(min_feedback=30)
+REPLY = {"message": {"role": "assistant", "content": "Sure."}, "finish_reason": "stop"}
+CUT = {"message": {"role": "assistant", "content": "Sure, and"}, "finish_reason": "length"}
+
+
+def test_a_user_keeps_one_arm_and_the_arms_get_their_shares() -> None:
+    release = start_canary(Release(model="run", stable=3), 4, POLICY.model_copy(update={"holdout": 0.1}))
+    assert (release.candidate, release.share, release.holdout_step) == (4, 0.05, 3)
+    users = [f"user-{i}" for i in range(20_000)]
+    arms = Counter(release.arm_for(user, 0.0) for user in users)
+    assert arms[4] / len(users) == pytest.approx(0.05 * 0.9, abs=0.006)  # the holdout's 10% aside
+    assert all(release.arm_for(user, 0.99) == release.arm_for(user, 0.0) for user in users[:200])
+    advanced = release.model_copy(update={"share": 0.5})
+    moved = [u for u in users if release.arm_for(u, 0) == 4]
+    assert all(advanced.arm_for(user, 0.0) == 4 for user in moved)  # a growing share keeps its users
+    assert Release(model="run").arm_for("anyone", 0.3) is None  # no release: the newest served
+
+
+def test_guardrails_read_the_served_choice() -> None:
+    assert guardrail_values(REPLY) == {"empty": 0.0, "bad_tool_call": 0.0, "truncated": 0.0}
+    assert guardrail_values(CUT)["truncated"] == 1.0
+    assert guardrail_values({"message": {"content": ""}, "finish_reason": "stop"})["empty"] == 1.0
+    call = {"function": {"name": "f", "arguments": "{not json"}}
+    assert guardrail_values({"message": {"content": None, "tool_calls": [call]}})["bad_tool_call"] == 1.0
+
+
+def simulate(seed: int, candidate_cut: float, candidate_score: float, looks: int = 400) -> tuple[str, int]:
+    """A canary of step 1 against step 0: each request goes to an arm by the release's share; 2% of the
+    stable arm's replies are cut at the limit; 30% of replies get a 0/1 score (0.5 on the stable arm)."""
+    rng = random.Random(seed)
+    release = start_canary(Release(model="run", stable=0), 1, POLICY)
+    stats = {0: ArmStats(), 1: ArmStats()}
+    for look in range(looks):
+        arm = 1 if rng.random() < release.share else 0
+        cut, score = (candidate_cut, candidate_score) if arm else (0.02, 0.5)
+        stats[arm].add_turn(CUT if rng.random() < cut else REPLY)
+        if rng.random() < 0.3:
+            stats[arm].score.add(float(rng.random() < score))
+        decision = decide(release, stats, POLICY)
+        release = apply(release, decision, POLICY)
+        if decision.action in ("rollback", "promote"):
+            return decision.action, look
+    return "wait", looks
+
+
+def test_a_version_as_good_as_stable_is_rolled_back_less_often_than_alpha() -> None:
+    outcomes = Counter(simulate(seed, 0.02, 0.5)[0] for seed in range(200))
+    assert outcomes["rollback"] / 200 <= POLICY.alpha, outcomes
+
+
+def test_a_version_that_cuts_its_replies_is_rolled_back_within_its_first_few_dozen_requests() -> None:
+    results = [simulate(seed, 0.6, 0.5) for seed in range(30)]
+    assert all(action == "rollback" for action, _ in results)
+    # at a 5% share, about 10 of the candidate's turns: a few hundred requests in all
+    assert sorted(look for _, look in results)[15] < 400
+
+
+def test_a_good_version_advances_stage_by_stage_to_promotion() -> None:
+    rng = random.Random(0)
+    release = start_canary(Release(model="run", stable=0), 1, POLICY)
+    stats = {0: ArmStats(), 1: ArmStats()}
+    shares = [release.share]
+    for _ in range(20_000):
+        arm = 1 if rng.random() < release.share else 0
+        stats[arm].add_turn(REPLY)
+        stats[arm].score.add(float(rng.random() < (0.7 if arm else 0.5)))
+        release = apply(release, decide(release, stats, POLICY), POLICY)
+        if release.share != shares[-1]:
+            shares.append(release.share)
+        if release.status == "promoted":
+            break
+    assert release.status == "promoted" and release.stable == 1 and release.candidate is None
+    assert shares[:-1] == [0.05, 0.25, 0.5, 1.0][: len(shares) - 1]
+
+
+def test_a_rollback_rejects_the_step_and_serves_stable_to_everyone() -> None:
+    release = start_canary(Release(model="run", stable=2), 3, POLICY)
+    stats = {2: ArmStats(), 3: ArmStats()}
+    for _ in range(40):
+        stats[2].add_turn(REPLY)
+        stats[3].add_turn(CUT)
+    decision = decide(release, stats, POLICY)
+    assert decision.action == "rollback" and "truncated" in decision.reason
+    rolled = apply(release, decision, POLICY)
+    assert (rolled.status, rolled.rejected, rolled.candidate) == ("rolled_back", (3,), None)
+    assert {rolled.arm_for(f"u{i}", 0.5) for i in range(500)} == {2}
+
+
+def test_stages_must_rise_to_all_traffic() -> None:
+    for stages in ([0.5, 0.25, 1.0], [0.1, 0.5], [0.0, 1.0]):
+        with pytest.raises(ValueError, match="stages"):
+            ReleasePolicy(stages=stages)
