@@ -24,6 +24,7 @@ from art_ray.errors import (
     MissingTokenDataError,
     ModelPreparationError,
     QuotaExceededError,
+    ReleaseError,
 )
 from art_ray.feedback import Feedback, FeedbackRecord, TrafficConfig
 from art_ray.gather import TooManyExceptionsError, gather_trajectory_groups
@@ -31,6 +32,7 @@ from art_ray.model import Model, TrainableModel
 from art_ray.model_config import ModelConfig
 from art_ray.pipeline import PipelineTrainer, StepReport
 from art_ray.placement import PlacementError
+from art_ray.releases import Decision, Release, ReleasePolicy, ReleaseState
 from art_ray.remote.client import HTTPBackend, RemoteTrainingError
 from art_ray.sampling import SamplingParams
 from art_ray.train_config import SFTConfig, TrainConfig
@@ -115,6 +117,11 @@ __all__ = [
     "OnlineTrainer",
     "OnlineTrainConfig",
     "OnlineStep",
+    "Release",
+    "ReleasePolicy",
+    "ReleaseState",
+    "Decision",
+    "ReleaseError",
     "DatasetBatch",
     "HTTPBackend",
     "LoRASpec",

@@ -19,6 +19,7 @@ import pydantic
 
 from art_ray.adapters.spec import validate_model_name
 from art_ray.errors import ArtRayError
+from art_ray.releases import Release
 
 KEY_PREFIX = "art-"
 
@@ -65,6 +66,8 @@ class AccessTable(pydantic.BaseModel):
     owners: dict[str, str] = pydantic.Field(default_factory=dict)
     # the runs whose served turns are stored for training (ModelConfig.traffic; art_ray/traffic/log.py)
     traffic: frozenset[str] = frozenset()
+    # each released run's arms (art_ray/releases.py): which step a request for its bare name gets
+    releases: dict[str, Release] = pydantic.Field(default_factory=dict)
 
     def grant_for(self, key: str | None) -> KeyGrant | None:
         """The run key's grant, or None when `key` is no run key (it may still be the admin key)."""
@@ -100,6 +103,12 @@ class AccessTable(pydantic.BaseModel):
 
     def with_traffic(self, model: str, stored: bool) -> AccessTable:
         return self._changed(traffic=self.traffic | {model} if stored else self.traffic - {model})
+
+    def with_release(self, model: str, release: Release | None) -> AccessTable:
+        releases = {name: r for name, r in self.releases.items() if name != model}
+        if release is not None:
+            releases[model] = release
+        return self._changed(releases=releases)
 
     def _changed(self, **fields: object) -> AccessTable:
         return self.model_copy(update={**fields, "version": self.version + 1})

@@ -36,6 +36,7 @@ from art_ray.trajectories import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from art_ray.model import TrainableModel
+    from art_ray.releases import ReleaseAction, ReleaseState
     from art_ray.traffic.records import MaturedTraffic, TrafficCursor, TrafficSnapshot
     from art_ray.trainer.group import TrainerGroup
 
@@ -324,6 +325,10 @@ class RayBackend:
         if trainer is not None:
             self._trainers[model.name] = trainer
         await self._store_traffic(model)
+        if model.config.release is not None:
+            from art_ray.release_control import begin
+
+            await begin(model.name, self._trainers[model.name].step, model.config.release)
         self._touch(model.name)
         if model.config.idle_ttl_s is not None and (self._reaper is None or self._reaper.done()):
             self._reaper = asyncio.get_running_loop().create_task(self._reap_idle_runs())
@@ -628,6 +633,13 @@ class RayBackend:
         if model.config.traffic is None:
             raise BackendError(f"model {model.name!r} stores no traffic: set ModelConfig.traffic")
         return await get_traffic_log(model.name).matured.remote(after, limit)
+
+    async def release(self, model: TrainableModel, action: ReleaseAction) -> ReleaseState:
+        """Read or move the run's release (art_ray/release_control.py)."""
+        from art_ray.release_control import act
+
+        self._trainer(model)  # raises if not registered
+        return await act(model.name, action)
 
     async def delete_run(self, model: TrainableModel, purge_checkpoints: bool = False) -> None:
         """Stop training and serving a registered model, after its train call in flight if one is: its

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from art_ray.model import TrainableModel
+    from art_ray.releases import ReleaseAction, ReleaseState
     from art_ray.tracking import Tracker
     from art_ray.traffic.records import MaturedTraffic, TrafficCursor, TrafficSnapshot
     from art_ray.train_config import SFTConfig, TrainConfig
@@ -60,6 +61,11 @@ class Backend(Protocol):
     ) -> MaturedTraffic:
         """The run's labeled turns whose first feedback came after `after`, in that order (up to
         `limit`), and its counts of labeled, unlabeled and waiting turns."""
+        ...
+
+    async def release(self, model: TrainableModel, action: ReleaseAction) -> ReleaseState:
+        """Read or move the run's release (ModelConfig.release): start a canary, check it, promote,
+        roll back, pause, resume."""
         ...
 
     async def delete_checkpoints(

@@ -10,9 +10,11 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import get_args
 
 from art_ray.access import KEY_PREFIX
 from art_ray.models import LOCAL_MODELS, models_dir, prepare
+from art_ray.releases import ReleaseVerb
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEMO_SCRIPT = REPO_ROOT / "examples" / "one_word" / "train.py"
@@ -129,6 +131,25 @@ def _keys(args: argparse.Namespace) -> int:
     except AccessError as error:
         print(f"art-ray keys: {error}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _release(args: argparse.Namespace) -> int:
+    """A run's release (art_ray/releases.py): shown, or moved by hand."""
+    import asyncio
+
+    from art_ray.errors import ReleaseError
+    from art_ray.release_control import act
+    from art_ray.releases import ReleaseAction, format_release
+
+    _connect(args.address)
+    action = ReleaseAction(action=args.action, step=args.step, reason=args.reason)
+    try:
+        state = asyncio.run(act(args.name, action))
+    except ReleaseError as error:
+        print(f"art-ray release: {error}", file=sys.stderr)
+        return 1
+    print(state.model_dump_json(indent=2) if args.json else format_release(state))
     return 0
 
 
@@ -269,6 +290,27 @@ def build_parser() -> argparse.ArgumentParser:
     revoke = keys_commands.add_parser("revoke", help="refuse a key from now on (its runs stay)")
     revoke.add_argument("name")
     keys.set_defaults(handler=_keys)
+
+    release = commands.add_parser(
+        "release",
+        help="a run's release: its arms and evidence, or move it (promote, roll back, pause) by hand",
+        description="Runs with ModelConfig.release serve each new version to a share of their traffic "
+        "first. Example: art-ray release support-agent rollback --reason 'complaints'",
+    )
+    _add_address(release)
+    release.add_argument("name", help="the run")
+    release.add_argument(
+        "action",
+        nargs="?",
+        default="status",
+        choices=list(get_args(ReleaseVerb)),
+    )
+    release.add_argument(
+        "--step", type=int, default=None, help="start: the step to release (default: newest)"
+    )
+    release.add_argument("--reason", default="", help="recorded with the move")
+    release.add_argument("--json", action="store_true", help="print JSON instead of text")
+    release.set_defaults(handler=_release)
 
     submit = commands.add_parser(
         "submit",

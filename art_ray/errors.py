@@ -34,6 +34,11 @@ class FeedbackError(ArtRayError, ValueError):
         self.status = status
 
 
+class ReleaseError(ArtRayError, ValueError):
+    """A release action that cannot be taken (the run has no release, no candidate, an unknown step);
+    nothing changed."""
+
+
 class QuotaExceededError(ArtRayError, ValueError):
     """A call is over its key's limit (art_ray/access.py: tokens per train call); nothing was trained."""
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from art_ray.backend_protocol import Backend
     from art_ray.capture.session import CaptureSession
+    from art_ray.releases import ReleaseState, ReleaseVerb
     from art_ray.tracking import Tracker
     from art_ray.traffic.records import MaturedTraffic, TrafficCursor, TrafficSnapshot
 
@@ -181,6 +182,17 @@ class TrainableModel(Model):
         oldest first: completion ids, choices with their token ids, logprobs, sampling parameters and
         policy versions."""
         return await self.backend.traffic(self)
+
+    async def release(
+        self, action: ReleaseVerb = "status", step: int | None = None, reason: str = ""
+    ) -> ReleaseState:
+        """The run's release (ModelConfig.release) and the evidence per served step; or move it: "start"
+        a canary of `step` (default: the newest published), "check" it against the stable step (roll
+        back, advance a stage, promote, or wait), "promote" or "rollback" by hand, "pause" (every request
+        to the stable step), "resume". A rollback takes effect on every replica when this returns."""
+        from art_ray.releases import ReleaseAction
+
+        return await self.backend.release(self, ReleaseAction(action=action, step=step, reason=reason))
 
     async def matured_traffic(self, after: TrafficCursor | None = None, limit: int = 256) -> MaturedTraffic:
         """Stored turns that feedback has labeled, in the order their first feedback came, past `after`

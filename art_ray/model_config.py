@@ -8,6 +8,7 @@ import pydantic
 
 from art_ray.adapters.spec import LoRASpec
 from art_ray.feedback import TrafficConfig
+from art_ray.releases import ReleasePolicy
 
 # vLLM's ToolStrictLevelName (vllm/tool_parsers/tool_strict_level.py), spelled here so configs import no vLLM
 ToolStrictLevel = Literal["auto", "function", "parameter"]
@@ -99,6 +100,10 @@ class ModelConfig(pydantic.BaseModel):
     # Store the run's served turns, and the feedback on them, for training (art_ray/feedback.py): every
     # completion of `name` or `name@step` without `"store": false`. None: nothing is stored.
     traffic: TrafficConfig | None = None
+    # Release each new version to a share of the run's traffic first, compared with the stable one on its
+    # stored turns' guardrails and feedback (art_ray/releases.py; needs `traffic`). None: `name` is the
+    # newest version, as soon as it is trained.
+    release: ReleasePolicy | None = None
     # capture sessions: the store's cap on recorded bytes, and an unused session's lifetime
     capture_max_bytes: int = pydantic.Field(default=256 * 2**20, ge=1)
     capture_ttl_s: float = pydantic.Field(default=3600.0, gt=0)
@@ -134,3 +139,9 @@ class ModelConfig(pydantic.BaseModel):
     @property
     def replicas_at_start(self) -> int:
         return self.autoscaling.min_replicas if self.autoscaling else self.num_replicas
+
+    @pydantic.model_validator(mode="after")
+    def _release_reads_traffic(self) -> ModelConfig:
+        if self.release is not None and self.traffic is None:
+            raise ValueError("release compares versions on the run's stored turns: set traffic too")
+        return self

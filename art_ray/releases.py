@@ -64,7 +64,7 @@ class Release(pydantic.BaseModel):
     """A run's arms as every replica routes them. `stable`: the step most traffic gets (None: the
     newest served, as without a release); `candidate` and `share`: the version under test and its share;
     `holdout_step` and `holdout`: the comparison point kept aside; `rejected`: steps rolled back, never
-    served to `name` again."""
+    served to `name` again; `policy`: how the release moves (the run's `ModelConfig.release`)."""
 
     model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
 
@@ -78,6 +78,7 @@ class Release(pydantic.BaseModel):
     status: ReleaseStatus = "stable"
     rejected: tuple[int, ...] = ()
     reason: str = ""
+    policy: ReleasePolicy = pydantic.Field(default_factory=lambda: ReleasePolicy())
 
     def arm_for(self, sticky: str | None, fallback: float) -> int | None:
         """The step for a request from `sticky` (a user or session id; None: `fallback`, a uniform draw in
@@ -212,12 +213,13 @@ class Decision(pydantic.BaseModel):
     intervals: dict[str, Interval] = pydantic.Field(default_factory=dict)
 
 
-def decide(release: Release, stats: dict[int, ArmStats], policy: ReleasePolicy) -> Decision:
+def decide(release: Release, stats: dict[int, ArmStats]) -> Decision:
     """Compare the candidate with the stable version: any guardrail higher or the score lower (the whole
     interval past zero) rolls back; at the last stage a score not worse by `margin` promotes, before it
     advances the stage; otherwise wait."""
     if release.status != "canary" or release.candidate is None or release.stable is None:
         return Decision(action="wait", reason=f"no canary ({release.status})")
+    policy = release.policy
     candidate, stable = stats.get(release.candidate, ArmStats()), stats.get(release.stable, ArmStats())
     alpha = policy.alpha / (
         len(GUARDRAILS) + 1
@@ -261,8 +263,9 @@ def decide(release: Release, stats: dict[int, ArmStats], policy: ReleasePolicy) 
     )
 
 
-def apply(release: Release, decision: Decision, policy: ReleasePolicy) -> Release:
+def apply(release: Release, decision: Decision) -> Release:
     """The release after `decision`."""
+    policy = release.policy
     if decision.action == "rollback":
         assert release.candidate is not None
         return release.model_copy(
@@ -292,9 +295,10 @@ def apply(release: Release, decision: Decision, policy: ReleasePolicy) -> Releas
     return release
 
 
-def start_canary(release: Release, step: int, policy: ReleasePolicy) -> Release:
+def start_canary(release: Release, step: int) -> Release:
     """`step` becomes the candidate at the first stage; the holdout keeps the stable step of the moment
     the first release began."""
+    policy = release.policy
     holdout_step = release.holdout_step if release.holdout_step is not None else release.stable
     return release.model_copy(
         update={
@@ -307,3 +311,56 @@ def start_canary(release: Release, step: int, policy: ReleasePolicy) -> Release:
             "reason": f"step {step} released to {policy.stages[0]:.0%}",
         }
     )
+
+
+ReleaseVerb = Literal["status", "start", "check", "promote", "rollback", "pause", "resume"]
+
+
+class ReleaseAction(pydantic.BaseModel):
+    """What to do with a run's release. `start`: `step` (default: the newest published) becomes the
+    candidate at the first stage; `check`: compare the arms and move (roll back, advance, promote) or
+    wait; `promote` / `rollback`: by hand, now; `pause`: every request to the stable step, the candidate
+    kept; `resume`: back to the candidate's share."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    action: ReleaseVerb = "status"
+    step: int | None = pydantic.Field(default=None, ge=0)
+    reason: str = pydantic.Field(default="", max_length=1024)
+
+
+class ReleaseState(pydantic.BaseModel):
+    """A run's release and the evidence per served step (None: the run has no release)."""
+
+    release: Release | None
+    arms: dict[int, ArmStats] = pydantic.Field(default_factory=dict)
+    decision: Decision | None = None
+
+
+def format_release(state: ReleaseState) -> str:
+    """A release and its evidence, as `art-ray release` and `art-ray status` print them."""
+    release = state.release
+    if release is None:
+        return "no release (the newest version serves every request)"
+    lines = [f"{release.model}: {describe(release)}"]
+    if release.reason:
+        lines.append(f"  last move: {release.reason}")
+    for step, arm in sorted(state.arms.items()):
+        trips = ", ".join(f"{name} {moments.mean:.3f}" for name, moments in sorted(arm.guardrails.items()))
+        score = f"score {arm.score.mean:.3f} over {arm.score.n}" if arm.score.n else "no scores"
+        lines.append(f"  step {step}: {arm.turns} turns, {score}; {trips}")
+    if state.decision is not None:
+        lines.append(f"  next: {state.decision.action} ({state.decision.reason})")
+    return "\n".join(lines)
+
+
+def describe(release: Release) -> str:
+    """One line: the status and the arms."""
+    text = f"{release.status}, stable step {release.stable}"
+    if release.candidate is not None:
+        text += f", candidate step {release.candidate} at {release.share:.0%}"
+    if release.holdout_step is not None and release.holdout:
+        text += f", holdout step {release.holdout_step} at {release.holdout:.0%}"
+    if release.rejected:
+        text += f", rolled back {list(release.rejected)}"
+    return text

@@ -8,6 +8,7 @@ import ray
 
 from art_ray.adapters.registry import INFERENCE_DEPLOYMENT, get_registry
 from art_ray.cluster_actors import NAMESPACE, get_cluster_actor
+from art_ray.releases import Release, describe
 from art_ray.tinker.config import TINKER_DEPLOYMENT
 from art_ray.tinker.types import TinkerRunStatus
 from art_ray.trainer.group import TRAINER_NAME_PREFIX
@@ -21,6 +22,8 @@ class ModelStatus(pydantic.BaseModel):
     steps: list[int]
     # the name of the run key that owns it (None: the admin key only; art_ray/access.py)
     owner: str | None = None
+    # its release (ModelConfig.release; art_ray/releases.py), None without one
+    release: Release | None = None
 
 
 class AppStatus(pydantic.BaseModel):
@@ -55,7 +58,7 @@ def cluster_status(timeout_s: float = 30.0) -> ClusterStatus:
         registry = None
     models = []
     if registry is not None:
-        owners = ray.get(registry.access.remote(), timeout=timeout_s).owners
+        access = ray.get(registry.access.remote(), timeout=timeout_s)
         for version in ray.get(registry.latest_versions.remote(), timeout=timeout_s):
             steps = ray.get(registry.steps.remote(version.model), timeout=timeout_s)
             models.append(
@@ -64,7 +67,8 @@ def cluster_status(timeout_s: float = 30.0) -> ClusterStatus:
                     base_model=version.base_model,
                     latest_step=version.step,
                     steps=steps,
-                    owner=owners.get(version.model),
+                    owner=access.owners.get(version.model),
+                    release=access.releases.get(version.model),
                 )
             )
     apps = []
@@ -121,6 +125,8 @@ def format_status(status: ClusterStatus) -> str:
             f"  {model.model}: latest step {model.latest_step} (steps {model.steps}) on {model.base_model}"
             f"{owner}"
         )
+        if model.release is not None:
+            lines.append(f"    release: {describe(model.release)}")
     lines.append("inference apps:")
     if not status.apps:
         lines.append("  none running")

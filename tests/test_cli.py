@@ -20,6 +20,7 @@ COMMANDS = [
     ["serve-training"],
     ["status"],
     ["keys", "create"],
+    ["release"],
     ["submit"],
 ]
 

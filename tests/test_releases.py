@@ -24,7 +24,9 @@ CUT = {"message": {"role": "assistant", "content": "Sure, and"}, "finish_reason"
 
 
 def test_a_user_keeps_one_arm_and_the_arms_get_their_shares() -> None:
-    release = start_canary(Release(model="run", stable=3), 4, POLICY.model_copy(update={"holdout": 0.1}))
+    release = start_canary(
+        Release(model="run", stable=3, policy=POLICY.model_copy(update={"holdout": 0.1})), 4
+    )
     assert (release.candidate, release.share, release.holdout_step) == (4, 0.05, 3)
     users = [f"user-{i}" for i in range(20_000)]
     arms = Counter(release.arm_for(user, 0.0) for user in users)
@@ -48,7 +50,7 @@ def simulate(seed: int, candidate_cut: float, candidate_score: float, looks: int
     """A canary of step 1 against step 0: each request goes to an arm by the release's share; 2% of the
     stable arm's replies are cut at the limit; 30% of replies get a 0/1 score (0.5 on the stable arm)."""
     rng = random.Random(seed)
-    release = start_canary(Release(model="run", stable=0), 1, POLICY)
+    release = start_canary(Release(model="run", stable=0, policy=POLICY), 1)
     stats = {0: ArmStats(), 1: ArmStats()}
     for look in range(looks):
         arm = 1 if rng.random() < release.share else 0
@@ -56,8 +58,8 @@ def simulate(seed: int, candidate_cut: float, candidate_score: float, looks: int
         stats[arm].add_turn(CUT if rng.random() < cut else REPLY)
         if rng.random() < 0.3:
             stats[arm].score.add(float(rng.random() < score))
-        decision = decide(release, stats, POLICY)
-        release = apply(release, decision, POLICY)
+        decision = decide(release, stats)
+        release = apply(release, decision)
         if decision.action in ("rollback", "promote"):
             return decision.action, look
     return "wait", looks
@@ -77,14 +79,14 @@ def test_a_version_that_cuts_its_replies_is_rolled_back_within_its_first_few_doz
 
 def test_a_good_version_advances_stage_by_stage_to_promotion() -> None:
     rng = random.Random(0)
-    release = start_canary(Release(model="run", stable=0), 1, POLICY)
+    release = start_canary(Release(model="run", stable=0, policy=POLICY), 1)
     stats = {0: ArmStats(), 1: ArmStats()}
     shares = [release.share]
     for _ in range(20_000):
         arm = 1 if rng.random() < release.share else 0
         stats[arm].add_turn(REPLY)
         stats[arm].score.add(float(rng.random() < (0.7 if arm else 0.5)))
-        release = apply(release, decide(release, stats, POLICY), POLICY)
+        release = apply(release, decide(release, stats))
         if release.share != shares[-1]:
             shares.append(release.share)
         if release.status == "promoted":
@@ -94,14 +96,14 @@ def test_a_good_version_advances_stage_by_stage_to_promotion() -> None:
 
 
 def test_a_rollback_rejects_the_step_and_serves_stable_to_everyone() -> None:
-    release = start_canary(Release(model="run", stable=2), 3, POLICY)
+    release = start_canary(Release(model="run", stable=2, policy=POLICY), 3)
     stats = {2: ArmStats(), 3: ArmStats()}
     for _ in range(40):
         stats[2].add_turn(REPLY)
         stats[3].add_turn(CUT)
-    decision = decide(release, stats, POLICY)
+    decision = decide(release, stats)
     assert decision.action == "rollback" and "truncated" in decision.reason
-    rolled = apply(release, decision, POLICY)
+    rolled = apply(release, decision)
     assert (rolled.status, rolled.rejected, rolled.candidate) == ("rolled_back", (3,), None)
     assert {rolled.arm_for(f"u{i}", 0.5) for i in range(500)} == {2}
 

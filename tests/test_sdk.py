@@ -510,6 +510,63 @@ async def test_a_run_stores_its_traffic_and_the_feedback_on_it(registered, stora
     assert read_traffic(f"{storage}/sdk-tests/models/sdk-traffic/traffic").turns  # the files stay
 
 
+async def test_a_release_serves_a_new_step_to_a_sticky_share_and_rolls_it_back(registered, capsys):
+    """ModelConfig.release: a trained step is not `name` until released; a canary gives it to a sticky
+    share of users (by `user`), the arms' feedback rolls it back in one registry push (every user on the
+    stable step, `name@step` still pinned); by hand a later step is paused, resumed and promoted; `art-ray
+    status` and `art-ray release` show it."""
+    from art_ray import ReleaseError, ReleasePolicy, TrafficConfig
+    from art_ray.cli import main as art_ray_cli
+    from art_ray.status import cluster_status
+
+    backend, _ = registered
+    policy = ReleasePolicy(stages=[0.5, 1.0], holdout=0.0, min_feedback=5)
+    config = CONFIG.model_copy(update={"share_trainer": True, "traffic": TrafficConfig(), "release": policy})
+    model = TrainableModel(name="sdk-release", project="sdk-tests", base_model="tiny", config=config)
+    await model.register(backend)
+    client = model.openai_client()
+    hello = [{"role": "user", "content": "Say hello."}]
+
+    async def served(user: str, name: str = model.name) -> tuple[int, str]:
+        reply = await client.chat.completions.create(model=name, messages=hello, max_tokens=2, user=user)
+        return reply.choices[0].model_extra["policy_version"], reply.id
+
+    assert (await model.release()).release.stable == 0  # type: ignore[union-attr]
+    await model.train(await sampled_groups(model), TrainConfig(learning_rate=1e-3), verbose=False)
+    assert {(await served(f"early-{i}"))[0] for i in range(6)} == {0}  # trained, not released
+
+    started = (await model.release("start")).release
+    assert started is not None and (started.candidate, started.share, started.status) == (1, 0.5, "canary")
+    users = [f"user-{i}" for i in range(60)]
+    arms = {user: started.arm_for(user, 0.0) for user in users}
+    for user in users:  # the candidate's users are unhappy, the stable step's happy
+        version, completion_id = await served(user)
+        assert version == arms[user] and (await served(user))[0] == version  # sticky
+        await model.feedback(completion_id, score=0.0 if version == 1 else 1.0)
+    checked = await model.release("check")
+    assert checked.decision is not None and checked.decision.action == "rollback", checked.decision
+    assert checked.arms[1].score.mean == 0.0 and checked.arms[0].score.mean == 1.0
+    assert checked.release is not None and checked.release.rejected == (1,)
+    assert {(await served(user))[0] for user in users[:12]} == {0}  # every replica, at once
+    assert (await served("pinned", f"{model.name}@1"))[0] == 1
+    with pytest.raises(ReleaseError, match="rolled back"):
+        await model.release("start", 1)
+
+    await model.train(await sampled_groups(model), TrainConfig(learning_rate=1e-3), verbose=False)
+    assert (await model.release("start", 2)).release.candidate == 2  # type: ignore[union-attr]
+    await model.release("pause")
+    assert {(await served(user))[0] for user in users[:12]} == {0}
+    await model.release("resume")
+    await asyncio.to_thread(art_ray_cli, ["release", model.name, "promote", "--reason", "looks good"])
+    printed = capsys.readouterr().out
+    assert "promoted, stable step 2" in printed and "last move: looks good" in printed
+    assert {(await served(user))[0] for user in users[:12]} == {2}
+    status = await asyncio.to_thread(cluster_status)
+    release = next(m.release for m in status.models if m.model == model.name)
+    assert release is not None and (release.stable, release.rejected) == (2, (1,))
+    await backend.delete_run(model)
+
+
 async def test_restart_resumes_step_and_run_then_delete_checkpoints(registered, storage):
     backend, model = registered
     import mlflow

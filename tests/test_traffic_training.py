@@ -163,7 +163,7 @@ class StandInModel:
     def __init__(self, log: TrafficLog) -> None:
         self.log_, self.step, self.trained, self.fail_next = log, 0, [], False
         self.name, self.project, self.backend = "run", "tests", SimpleNamespace()
-        self.config = SimpleNamespace(traffic=TrafficConfig())
+        self.config = SimpleNamespace(traffic=TrafficConfig(), release=None)
 
     async def get_step(self) -> int:
         return self.step

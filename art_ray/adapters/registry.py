@@ -37,6 +37,7 @@ from art_ray.access import AccessTable, KeyGrant
 from art_ray.adapters.lora_files import PackedAdapter, pack_adapter
 from art_ray.adapters.spec import LoRASpec, validate_model_name
 from art_ray.cluster_actors import ensure_cluster_actor, get_cluster_actor
+from art_ray.releases import Release
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +220,8 @@ class LoRARegistry:
         await self._recovered()
         self._versions.pop(model, None)
         serving = sum(await self._broadcast_call("unload_model", (model,), timeout_s))
-        await self._set_access(self._access.with_owner(model, None).with_traffic(model, False), timeout_s)
+        table = self._access.with_owner(model, None).with_traffic(model, False).with_release(model, None)
+        await self._set_access(table, timeout_s)
         return serving
 
     async def access(self) -> AccessTable:
@@ -250,6 +252,17 @@ class LoRARegistry:
         await self._recovered()
         if (model in self._access.traffic) != stored:
             await self._set_access(self._access.with_traffic(model, stored), timeout_s)
+
+    async def set_release(self, model: str, release: Release | None, timeout_s: float = 300.0) -> None:
+        """Every replica routes `model`'s bare name by `release` (None: to its newest version) when this
+        returns."""
+        await self._recovered()
+        if self._access.releases.get(model) != release:
+            await self._set_access(self._access.with_release(model, release), timeout_s)
+
+    async def release(self, model: str) -> Release | None:
+        await self._recovered()
+        return self._access.releases.get(model)
 
     async def _set_access(self, table: AccessTable, timeout_s: float) -> None:
         self._access = table

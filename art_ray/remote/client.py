@@ -25,6 +25,7 @@ from art_ray.remote.protocol import (
     ModelRef,
     ModelSpec,
     RegisterResponse,
+    ReleaseRequest,
     StepResponse,
     TrainRequest,
     TrainSFTRequest,
@@ -36,6 +37,7 @@ from art_ray.trajectories import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from art_ray.model import TrainableModel
+    from art_ray.releases import ReleaseAction, ReleaseState
     from art_ray.tracking import Tracker
     from art_ray.traffic.records import MaturedTraffic, TrafficCursor, TrafficSnapshot
 
@@ -176,6 +178,12 @@ class HTTPBackend:
         from art_ray.traffic.records import TrafficSnapshot
 
         return await self._post("traffic", ModelRef(model=model.name), TrafficSnapshot)
+
+    async def release(self, model: TrainableModel, action: ReleaseAction) -> ReleaseState:
+        """Read or move the run's release, on the server."""
+        from art_ray.releases import ReleaseState
+
+        return await self._post("release", ReleaseRequest(model=model.name, action=action), ReleaseState)
 
     async def matured_traffic(
         self, model: TrainableModel, after: TrafficCursor | None, limit: int

@@ -9,6 +9,7 @@ Routes (under the training app's prefix, `/_art` by default), all POST with a JS
 - `/log` LogRequest -> LogResponse
 - `/step` ModelRef -> StepResponse
 - `/traffic` ModelRef -> TrafficSnapshot (art_ray/traffic/files.py: the run's stored turns and feedback)
+- `/release` ReleaseRequest -> ReleaseState (art_ray/releases.py: read or move the run's release)
 - `/matured_traffic` MaturedTrafficRequest -> MaturedTraffic (art_ray/traffic/matured.py: labeled turns)
 - `/delete_checkpoints` DeleteCheckpointsRequest -> DeleteCheckpointsResponse
 - `/delete_run` DeleteRunRequest -> DeleteRunResponse
@@ -23,6 +24,7 @@ import pydantic
 
 from art_ray.adapters.spec import validate_model_name
 from art_ray.model_config import ModelConfig
+from art_ray.releases import ReleaseAction
 from art_ray.traffic.records import TrafficCursor
 from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.train_result import GradientStep, TrainResult
@@ -77,6 +79,10 @@ class RegisterResponse(_Message):
 
 class ModelRef(_Message):
     model: str
+
+
+class ReleaseRequest(ModelRef):
+    action: ReleaseAction = pydantic.Field(default_factory=ReleaseAction)
 
 
 class MaturedTrafficRequest(ModelRef):

@@ -34,6 +34,7 @@ from art_ray.remote.protocol import (
     ModelRef,
     ModelSpec,
     RegisterResponse,
+    ReleaseRequest,
     StepResponse,
     TrainRequest,
     TrainSFTRequest,
@@ -337,6 +338,15 @@ class TrainingServer:
             return JSONResponse((await self.backend.traffic(model)).model_dump(mode="json"))
 
         return await self._call(request, ModelRef, handle)
+
+    @app.post("/release")
+    async def release(self, request: Request) -> Response:
+        async def handle(body: ReleaseRequest, grant: KeyGrant | None) -> Response:
+            model = self._model(body.model, grant)
+            state = await self.backend.release(model, body.action)
+            return JSONResponse(state.model_dump(mode="json"))
+
+        return await self._call(request, ReleaseRequest, handle)
 
     @app.post("/matured_traffic")
     async def matured_traffic(self, request: Request) -> Response:

@@ -36,6 +36,10 @@ class MessagesBridge:
         )
         # unset and None fields stay out: the chat route's defaults (token ids, logprobs) then apply
         body = {key: value for key, value in chat.model_dump(exclude_unset=True).items() if value is not None}
+        body.pop("metadata", None)
+        user = (payload.get("metadata") or {}).get("user_id")
+        if isinstance(user, str) and user:  # a release's arm follows the user (art_ray/releases.py)
+            body["user"] = user
         return {**body, **sampling_extras(payload)}
 
     async def response(self, chat: dict[str, Any], payload: dict[str, Any], caller: str) -> dict[str, Any]:

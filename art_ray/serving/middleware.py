@@ -1,6 +1,7 @@
 """ASGI middleware in front of vLLM's routes: ART model names, and token data on every choice.
 
-- `name` means the latest version `name@step` this replica serves; `name@step` is fetched from the
+- `name` means the latest version `name@step` this replica serves, or, for a run with a release
+  (art_ray/releases.py), the step its arm gives the request's user; `name@step` is fetched from the
   registry first if it was published but is not loaded here yet (vLLM answers 404 for a version nobody
   has). An invalid name is a 400; the base model is unlisted, and a 404 for run keys.
 - A generation request that names no `max_tokens` gets the app's `default_max_tokens`.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
 from collections.abc import Callable
 from typing import Protocol
 
@@ -140,7 +142,15 @@ class ModelRoutingMiddleware:
         if not caller.sees(name):
             raise RequestRejected(404, unknown_model(model), "NotFoundError", "model")
         if step is None:
+            release = caller.access.releases.get(name)
+            chosen = release.arm_for(sticky_id(payload), random.random()) if release is not None else None
+            if chosen is not None and await self.versions.ensure(name, chosen):
+                payload["model"] = versioned_name(name, chosen)
+                return
             latest = self.versions.latest_step(name)
+            if release is not None and latest in release.rejected:  # a rolled-back step is never `name`
+                kept = [s for s in self.versions.served_models().get(name, []) if s not in release.rejected]
+                latest = max(kept, default=latest)
             if latest is None:
                 raise RequestRejected(404, unknown_model(model), "NotFoundError", "model")
             payload["model"] = versioned_name(name, latest)
@@ -160,6 +170,18 @@ class ModelRoutingMiddleware:
                     cards.append({**latest, "id": name})
         listing["data"] = cards
         return listing
+
+
+def sticky_id(payload: dict) -> str | None:
+    """Who sent a request, for a release's sticky arm (art_ray/releases.py): OpenAI's `user` or
+    `safety_identifier`, else `metadata.user_id` (Anthropic's; the bridges pass it on); None: anonymous,
+    an arm per request."""
+    for value in (payload.get("user"), payload.get("safety_identifier")):
+        if isinstance(value, str) and value:
+            return value
+    metadata = payload.get("metadata")
+    user = metadata.get("user_id") if isinstance(metadata, dict) else None
+    return user if isinstance(user, str) and user else None
 
 
 def _card_model(card: dict) -> str:

@@ -143,6 +143,9 @@ class ResponsesBridge:
             chat["store"] = False
         if payload.get("metadata") is not None:  # a stored turn keeps it; its `task` groups the turn
             chat["metadata"] = payload["metadata"]
+        for sticky in ("user", "safety_identifier"):  # a release's arm follows the user
+            if payload.get(sticky) is not None:
+                chat[sticky] = payload[sticky]
         text_format = (payload.get("text") or {}).get("format") or {}
         if text_format.get("type") == "json_schema":
             chat["response_format"] = {

@@ -77,10 +77,11 @@ class TrafficGrouping(pydantic.BaseModel):
 
 
 def traffic_groups(
-    turns: list[LabeledTurn], baselines: TaskBaselines
+    turns: list[LabeledTurn], baselines: TaskBaselines, rejected: frozenset[int] = frozenset()
 ) -> tuple[list[TrajectoryGroup], TrafficGrouping]:
     """One group per task key among `turns` (in their order), each compared with its task's mean before
-    this batch; then every reward joins its task's mean. `baselines` is updated in place."""
+    this batch; then every reward joins its task's mean. `baselines` is updated in place. A turn sampled
+    by a step in `rejected` (rolled back by its release) is tagged `rejected_version` in its metadata."""
     by_task: dict[str, list[LabeledTurn]] = defaultdict(list)
     for labeled in turns:
         by_task[task_key(labeled.stored.turn)].append(labeled)
@@ -95,6 +96,8 @@ def traffic_groups(
                 report.unbuildable += 1
                 continue
             trajectory.metadata.update(completion_id=labeled.stored.completion_id, task=key)
+            if labeled.stored.turn.choice.get("policy_version") in rejected:
+                trajectory.metadata["rejected_version"] = True
             trajectories.append(trajectory)
         baseline = baselines.baseline(key)
         for labeled in members:

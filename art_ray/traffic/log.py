@@ -12,6 +12,7 @@ feedback for such a turn is answered as for an unknown one.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import ray
 
 from art_ray.cluster_actors import NAMESPACE
 from art_ray.feedback import Feedback, FeedbackRecord, TrafficConfig, new_feedback_id
+from art_ray.releases import ArmStats
 from art_ray.storage import resolve_filesystem
 from art_ray.traffic.files import (
     FEEDBACK_PREFIX,
@@ -68,6 +70,9 @@ class TrafficLog:
         spool.mkdir(parents=True, exist_ok=True)
         self._segment_path = spool / SEGMENT_NAME
         self._served: dict[str, float] = {}  # completion id -> served at
+        self._version_of: dict[str, int] = {}  # completion id -> the step that sampled it
+        self._arms: dict[int, ArmStats] = {}  # per step: guardrails of its turns, first scores (releases)
+        self._labeled: set[str] = set()  # completion ids with feedback
         self._last_of_session: dict[str, str] = {}  # capture session -> its latest completion id
         self._feedback: dict[str, FeedbackRecord] = {}
         self._turns: list[StoredTurn] = []  # since the last file (they are also in the segment)
@@ -77,12 +82,13 @@ class TrafficLog:
 
     def _load(self) -> None:
         filesystem, inner = resolve_filesystem(self._folder)
-        columns = ["completion_id", "created_at", "session_id"]
         for name in file_names(self._folder, TURNS_PREFIX):
-            for row in pq.read_table(f"{inner}/{name}", columns=columns, filesystem=filesystem).to_pylist():
-                self._index(row["completion_id"], row["created_at"], row["session_id"])
+            for row in pq.read_table(f"{inner}/{name}", filesystem=filesystem).to_pylist():
+                choice = json.loads(row["turn"])["choice"]
+                self._index(row["completion_id"], row["created_at"], row["session_id"], choice)
         for name in file_names(self._folder, FEEDBACK_PREFIX):
-            for record in read_feedback(self._folder, name):
+            for record in sorted(read_feedback(self._folder, name), key=lambda r: r.received_at):
+                self._count_score(record)
                 self._feedback[record.feedback_id] = record
         # the segment may repeat what a file already holds (a crash between the file and the truncation)
         for record in read_segment(self._segment_path):
@@ -174,6 +180,11 @@ class TrafficLog:
             waiting=len(self._served) - len(feedback_of) - unlabeled,
         )
 
+    def arm_stats(self) -> dict[int, ArmStats]:
+        """Per served step, the guardrails of its stored turns and the first score of each labeled one:
+        what a release compares (art_ray/releases.py)."""
+        return self._arms
+
     def folder(self) -> str:
         return self._folder
 
@@ -195,17 +206,31 @@ class TrafficLog:
 
     # --- inside ---------------------------------------------------------------------------------
 
-    def _index(self, completion_id: str, created_at: float, session_id: str | None) -> None:
+    def _index(self, completion_id: str, created_at: float, session_id: str | None, choice: dict) -> None:
         self._served[completion_id] = created_at
         if session_id is not None:
             self._last_of_session[session_id] = completion_id
+        version = choice.get("policy_version")
+        if isinstance(version, int):
+            self._version_of[completion_id] = version
+            self._arms.setdefault(version, ArmStats()).add_turn(choice)
+
+    def _count_score(self, record: FeedbackRecord) -> None:
+        """A turn's first feedback joins its step's scores (one value per turn: they are independent)."""
+        if record.completion_id in self._labeled:
+            return
+        self._labeled.add(record.completion_id)
+        version = self._version_of.get(record.completion_id)
+        if version is not None:
+            self._arms.setdefault(version, ArmStats()).score.add(record.score)
 
     def _keep_turn(self, stored: StoredTurn) -> None:
-        self._index(stored.completion_id, stored.turn.created_at, stored.session_id)
+        self._index(stored.completion_id, stored.turn.created_at, stored.session_id, stored.turn.choice)
         self._turns.append(stored)
         self._first_unflushed = self._first_unflushed or time.monotonic()
 
     def _keep_feedback(self, record: FeedbackRecord) -> None:
+        self._count_score(record)
         self._feedback[record.feedback_id] = record
         self._new_feedback.append(record)
         self._first_unflushed = self._first_unflushed or time.monotonic()
@@ -242,6 +267,8 @@ class TrafficLog:
         cutoff = time.time() - self._config.retention_s
         for completion_id in [cid for cid, at in self._served.items() if at < cutoff]:
             del self._served[completion_id]
+            self._version_of.pop(completion_id, None)
+            self._labeled.discard(completion_id)
         for session_id in [s for s, cid in self._last_of_session.items() if cid not in self._served]:
             del self._last_of_session[session_id]
         for feedback_id in [f for f, r in self._feedback.items() if r.completion_id not in self._served]:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import pydantic
 
+from art_ray.releases import Decision
 from art_ray.storage import resolve_filesystem as storage_filesystem
 from art_ray.traffic.groups import TaskBaselines, TrafficGrouping, traffic_groups
 from art_ray.traffic.records import LabeledTurn, MaturedTraffic, TrafficCursor
@@ -124,6 +125,7 @@ class OnlineTrainer:
         self.state_dir = state_dir or self._default_state_dir()
         self.state: OnlineState | None = None
         self.reports: list[OnlineStep] = []
+        self.release_decisions: list[Decision] = []  # every release move check_release made
         self._stop = False
 
     def request_stop(self) -> None:
@@ -135,12 +137,32 @@ class OnlineTrainer:
         `max_steps` trained steps; returns every batch's report."""
         trained = 0
         while not self._stop and (max_steps is None or trained < max_steps):
+            if self.model.config.release is not None:
+                await self.check_release()
             report = await self.step()
             if report is None:
                 await asyncio.sleep(self.config.poll_s)
                 continue
             trained += report.trained
         return self.reports
+
+    async def check_release(self) -> Decision | None:
+        """Compare the canary with the stable step and move it (ModelConfig.release): roll back, advance,
+        promote, or wait; after a promotion or rollback, the newest trained step is the next canary.
+        None when nothing was compared."""
+        state = await self.model.release()
+        if state.release is None:
+            return None
+        if state.release.status == "canary":
+            decided = await self.model.release("check")
+            if decided.decision is not None and decided.decision.action != "wait":
+                self.release_decisions.append(decided.decision)
+            return decided.decision
+        newest = await self.model.get_step()
+        release = state.release
+        if release.status != "paused" and newest not in (release.stable, *release.rejected):
+            await self.model.release("start", newest)
+        return None
 
     async def step(self, force: bool = False) -> OnlineStep | None:
         """Take the labeled turns since the last step and train on them; None when fewer than `min_turns`
@@ -153,7 +175,10 @@ class OnlineTrainer:
         current = state.step
         fresh, stale, lags = self._fresh(matured, current)
         baselines = copy.deepcopy(state.baselines)
-        groups, grouping = traffic_groups(fresh, baselines)
+        release = (await self.model.release()).release if self.model.config.release is not None else None
+        groups, grouping = traffic_groups(
+            fresh, baselines, frozenset(release.rejected) if release else frozenset()
+        )
         after = OnlineState(
             step=current,
             cursor=matured.cursor,
@@ -170,6 +195,8 @@ class OnlineTrainer:
             if step != after.step:  # another caller trained the model meanwhile: file it under its step
                 after.step = step
                 self._save(after)
+            if release is not None and release.status not in ("canary", "paused"):
+                await self.model.release("start", step)  # a canary runs one at a time
         else:
             self._save(after)
         self.state = after
