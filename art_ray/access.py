@@ -31,13 +31,16 @@ class AccessError(ArtRayError, ValueError):
 class KeyGrant(pydantic.BaseModel):
     """What one run key may do. `max_concurrent_requests`: requests in flight at once on each inference
     replica and on the training server (429 past it); `max_train_tokens`: tokens in one train call (413
-    past it). None: no limit."""
+    past it). None: no limit. `store_traffic`: whether the completions this key asks for are stored for
+    training by runs that store their traffic (ModelConfig.traffic); False: never, as if each request
+    said `"store": false` (a tenant that did not consent)."""
 
     model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
 
     name: str
     max_concurrent_requests: int | None = pydantic.Field(default=None, ge=1)
     max_train_tokens: int | None = pydantic.Field(default=None, ge=1)
+    store_traffic: bool = True
 
     @pydantic.field_validator("name")
     @classmethod

@@ -115,6 +115,7 @@ def _keys(args: argparse.Namespace) -> int:
                 name=args.name,
                 max_concurrent_requests=args.max_concurrent_requests,
                 max_train_tokens=args.max_train_tokens,
+                store_traffic=not args.no_store_traffic,
             )
             print(asyncio.run(keys.create_key(grant, args.key, args.prefix)))
         elif args.keys_command == "revoke":
@@ -284,6 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("name", help="the key's name: runs with ModelConfig(owner=name) are its own")
     create.add_argument("--max-concurrent-requests", type=int, default=None, help="per replica (429 past it)")
     create.add_argument("--max-train-tokens", type=int, default=None, help="per train call (413 past it)")
+    create.add_argument(
+        "--no-store-traffic",
+        action="store_true",
+        help="never store this key's completions for training (as if each said store: false)",
+    )
     create.add_argument("--key", default=None, help="use this key instead of drawing one")
     create.add_argument("--prefix", default=KEY_PREFIX, help="the drawn key's prefix (Tinker clients: tml-)")
     keys_commands.add_parser("list", help="key names, limits and the runs each owns")

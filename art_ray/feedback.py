@@ -43,8 +43,9 @@ class TrafficConfig(pydantic.BaseModel):
 
 class Feedback(pydantic.BaseModel):
     """A score for one served turn, as a client posts it to `/v1/feedback`. Names the turn by
-    `completion_id` (the response's `id`) or `session_id` (a capture session: its last turn); `token`: the
-    `X-Art-Ray-Feedback-Token` of the response, which authorizes the post without an API key."""
+    `completion_id` (the response's `id`: a chat or text completion's, or a Responses API `resp_` id)
+    or `session_id` (a capture session: its last turn); `token`: the `X-Art-Ray-Feedback-Token` of the
+    response, which authorizes the post without an API key."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
 
@@ -56,6 +57,12 @@ class Feedback(pydantic.BaseModel):
     source: FeedbackSource = "user"
     feedback_id: str | None = pydantic.Field(default=None, pattern=f"^{FEEDBACK_ID}$")
     token: str | None = pydantic.Field(default=None, max_length=1024)
+
+    @pydantic.field_validator("completion_id")
+    @classmethod
+    def _chat_id(cls, value: str | None) -> str | None:
+        # a Responses API id names the chat completion the endpoint served it as (resp_X: chatcmpl-X)
+        return chat_completion_id(value) if value is not None else None
 
     @pydantic.field_validator("score")
     @classmethod
@@ -108,6 +115,16 @@ def request_metadata(payload: dict) -> dict[str, str] | None:
                 f"{METADATA_VALUE_CHARS} ({key[:80]!r})"
             )
     return dict(metadata)
+
+
+def chat_completion_id(completion_id: str) -> str:
+    """The id a turn is stored under: a Responses API `resp_X` was served as the chat completion
+    `chatcmpl-X` (art_ray/serving/responses_bridge.py); other ids are their own."""
+    return (
+        "chatcmpl-" + completion_id.removeprefix("resp_")
+        if completion_id.startswith("resp_")
+        else completion_id
+    )
 
 
 def new_feedback_id() -> str:

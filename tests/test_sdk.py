@@ -417,7 +417,11 @@ async def test_a_run_stores_its_traffic_and_the_feedback_on_it(registered, stora
     from art_ray.traffic.log import get_traffic_log
 
     backend, untracked = registered
-    config = CONFIG.model_copy(update={"share_trainer": True, "traffic": TrafficConfig(flush_turns=4)})
+    # its owner's key never stores (a tenant that did not consent); the admin key's requests are stored
+    quiet = await backend.create_key(KeyGrant(name="sdk-quiet", store_traffic=False))
+    config = CONFIG.model_copy(
+        update={"share_trainer": True, "traffic": TrafficConfig(flush_turns=4), "owner": "sdk-quiet"}
+    )
     model = TrainableModel(name="sdk-traffic", project="sdk-tests", base_model="tiny", config=config)
     await model.register(backend)
     client = model.openai_client()
@@ -446,6 +450,9 @@ async def test_a_run_stores_its_traffic_and_the_feedback_on_it(registered, stora
     other = await untracked.openai_client().chat.completions.create(
         model=untracked.name, messages=hello, max_tokens=2
     )
+    unconsented = await openai.AsyncOpenAI(base_url=model.base_url, api_key=quiet).chat.completions.create(
+        model=model.name, messages=hello, max_tokens=2
+    )
 
     snapshot = await model.traffic()
     turns = {turn.completion_id: turn.turn for turn in snapshot.turns}
@@ -455,7 +462,7 @@ async def test_a_run_stores_its_traffic_and_the_feedback_on_it(registered, stora
     assert turns[chat.id].choice["sampling_params"]["temperature"] == 0.7
     assert turns[chat.id].choice["token_ids"] == sampled_tokens(chat.choices[0]).token_ids
     assert {turn.choice["policy_version"] for turn in turns.values()} == {0}
-    assert opted_out.id not in turns and other.id not in turns
+    assert opted_out.id not in turns and other.id not in turns and unconsented.id not in turns
 
     record = await model.feedback(chat.id, score=1.0, comment="good", feedback_id="fb-sdk-test-000001")
     again = await model.feedback(chat.id, score=-1.0, feedback_id="fb-sdk-test-000001")
@@ -494,18 +501,22 @@ async def test_a_run_stores_its_traffic_and_the_feedback_on_it(registered, stora
     assert {turn.completion_id for turn in restored.turns} == set(turns)
     assert sorted(f.score for f in restored.feedback) == [0.5, 1.0]
     assert (await model.feedback(text.id, score=0.0)).completion_id == text.id
+    by_response_id = await model.feedback(answered.id, score=0.25)  # resp_X: served as chatcmpl-X
+    assert by_response_id.completion_id in turns
 
     # the labeled turns train the run (art_ray/traffic/online.py): chat (0.75, the mean of its two
-    # scores) and text (0.0) are one task (no system prompt, no tools), compared with each other
+    # scores), text (0.0) and the Responses turn (0.25) are one task (no system prompt, no tools),
+    # compared with each other
     trainer = OnlineTrainer(model, OnlineTrainConfig(min_turns=2))
     report = await trainer.step()
-    assert report is not None and report.trained and (report.step, report.turns, report.groups) == (1, 2, 1)
-    assert report.reward == pytest.approx(0.375) and report.coverage == 1.0  # nothing past the window
+    assert report is not None and report.trained and (report.step, report.turns, report.groups) == (1, 3, 1)
+    assert report.reward == pytest.approx(1 / 3) and report.coverage == 1.0  # nothing past the window
     assert await model.get_step() == 1 and await trainer.step() is None  # each turn trains once
     logged = read_trajectory_groups(
         f"{storage}/sdk-tests/models/sdk-traffic/trajectories/traffic/0001.parquet"
     )
-    assert {t.metadata["completion_id"] for g in logged for t in g.trajectories} == {chat.id, text.id}
+    trained = {t.metadata["completion_id"] for g in logged for t in g.trajectories}
+    assert trained == {chat.id, text.id, by_response_id.completion_id}
     await backend.delete_run(model)
     assert read_traffic(f"{storage}/sdk-tests/models/sdk-traffic/traffic").turns  # the files stay
 

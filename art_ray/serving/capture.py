@@ -191,6 +191,7 @@ class CaptureMiddleware:
             name in caller.access.traffic
             and caller.sees(name)
             and payload.get("store") is not False
+            and (caller.grant is None or caller.grant.store_traffic)
             and payload.get("n") in (None, 1)
             and (chat or _single_prompt(prompt))
         ):
