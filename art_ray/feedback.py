@@ -31,7 +31,9 @@ class TrafficConfig(pydantic.BaseModel):
     Parquet file of its newest turns after this many turns or seconds, whichever comes first (until then
     they sit in an append-only segment file beside it, which a restarted log reads back);
     `mature_after_s`: a turn with no feedback this long after it was served is unlabeled, counted in the
-    feedback coverage and never trained as if it were bad (a turn with feedback is trainable at once)."""
+    feedback coverage and never trained as if it were bad (a turn with feedback is trainable at once);
+    `early_feedback_s`: feedback posted with a response's token before its turn is stored (a stream
+    still being sent) waits this long for it."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
 
@@ -39,6 +41,7 @@ class TrafficConfig(pydantic.BaseModel):
     flush_turns: int = pydantic.Field(default=256, ge=1)
     flush_s: float = pydantic.Field(default=60.0, gt=0)
     mature_after_s: float = pydantic.Field(default=3600.0, gt=0)
+    early_feedback_s: float = pydantic.Field(default=600.0, gt=0)
 
 
 class Feedback(pydantic.BaseModel):

@@ -103,11 +103,14 @@ class Model(pydantic.BaseModel):
         source: FeedbackSource = "user",
         feedback_id: str | None = None,
         session_id: str | None = None,
+        token: str | None = None,
     ) -> FeedbackRecord:
         """Score a stored turn of this model (ModelConfig.traffic) by its completion id (the response's
-        `id`) or its capture session's latest turn; a retry with the same `feedback_id` is stored once.
-        FeedbackError (`.status` 404) when no such turn is stored for this key; ValueError on a
-        malformed score or id, before anything is sent."""
+        `id`, a Responses `resp_` id too) or its capture session's latest turn; a retry with the same
+        `feedback_id` is stored once. With the response's `token` (its X-Art-Ray-Feedback-Token), a
+        score for a stream still being sent waits for its turn. FeedbackError (`.status` 404) when no
+        such turn is stored for this key; ValueError on a malformed score or id, before anything is
+        sent."""
         import openai
 
         from art_ray.errors import FeedbackError
@@ -120,6 +123,7 @@ class Model(pydantic.BaseModel):
             comment=comment,
             source=source,
             feedback_id=feedback_id,
+            token=token,
         )
         try:
             response = await self.openai_client().post(

@@ -124,3 +124,27 @@ def test_feedback_tokens_are_signed_per_completion_and_deployment() -> None:
     forged = FeedbackSigner("admin-key").sign("run", "chatcmpl-2").split(".")[0]
     assert signer.verify(f"{forged}.{mac}") is None
     assert signer.verify("garbage") is None
+
+
+def test_signed_feedback_for_a_turn_not_stored_yet_waits_for_it_across_a_restart(tmp_path: Path) -> None:
+    log = new_log(tmp_path, early_feedback_s=60)
+    early = log.add_feedback(score("chatcmpl-s", 1.0, feedback_id="e" * 16), "chatcmpl-s", signed=True)
+    assert early.status == 202 and early.record is not None
+    again = log.add_feedback(score("chatcmpl-s", 0.0, feedback_id="e" * 16), "chatcmpl-s", signed=True)
+    assert again.status == 202 and again.record == early.record
+    unsigned = log.add_feedback(score("chatcmpl-s", 1.0), "chatcmpl-s")  # a key, not a token: no proof
+    assert unsigned.status == 404
+    assert log.matured().turns == []  # nothing to train until the turn is stored
+
+    restarted = new_log(tmp_path, early_feedback_s=60)  # the stream's turn comes after a restart
+    restarted.append(stored("chatcmpl-s"))
+    matured = restarted.matured()
+    assert [(t.stored.completion_id, t.reward) for t in matured.turns] == [("chatcmpl-s", 1.0)]
+    assert [f.feedback_id for f in restarted.snapshot().feedback] == ["e" * 16]
+
+    late = new_log(tmp_path / "late", early_feedback_s=0.01)
+    late.add_feedback(score("chatcmpl-t"), "chatcmpl-t", signed=True)
+    time.sleep(0.05)
+    late.matured()  # forgets what waited too long: the stream never finished
+    late.append(stored("chatcmpl-t"))
+    assert late.matured().turns == []

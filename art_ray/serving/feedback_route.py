@@ -4,7 +4,8 @@ The body is a `Feedback`: the turn by `completion_id` (or `session_id`, a captur
 `score`, optional `comment`, `source` (user, judge, system) and `feedback_id` (a retry with the same id
 is answered the first record, stored once), and `model` (the run; else every run the caller sees that
 stores traffic is asked). Authorized by a key that sees the run, as every route, or by the response's
-signed `token` alone, which names the run and completion. The answer is the stored record (200); a turn
+signed `token` alone, which names the run and completion. The answer is the stored record (200; 202 when
+it came with a token before its turn was stored, a stream still being sent: it waits for the turn); a turn
 that is not stored for this caller (unknown, another key's run, `store: false`, past retention) is a
 404, a malformed body a 400, a bad token a 401, all in OpenAI's error shape.
 """
@@ -94,9 +95,9 @@ class FeedbackMiddleware:
             log = self._traffic_logs.get(run)
             if log is None:
                 continue
-            outcome = await log.add_feedback.remote(feedback, completion_id)
+            outcome = await log.add_feedback.remote(feedback, completion_id, feedback.token is not None)
             if outcome.record is not None:
-                await send_json(send, 200, outcome.record.model_dump())
+                await send_json(send, outcome.status, outcome.record.model_dump())
                 return
         target = (
             f"completion {completion_id!r}" if completion_id else f"capture session {feedback.session_id!r}"

@@ -42,8 +42,8 @@ from art_ray.traffic.records import LabeledTurn, MaturedTraffic, StoredTurn, Tra
 
 
 class FeedbackOutcome(pydantic.BaseModel):
-    """The log's answer to a feedback: the record stored (or the one already stored under its id), or
-    why none was (404: no such turn of this run, or one past retention)."""
+    """The log's answer to a feedback: the record stored (or the one already stored under its id; 202:
+    it waits for its turn), or why none was (404: no such turn of this run, or one past retention)."""
 
     record: FeedbackRecord | None = None
     status: int = 200
@@ -77,6 +77,8 @@ class TrafficLog:
         self._feedback: dict[str, FeedbackRecord] = {}
         self._turns: list[StoredTurn] = []  # since the last file (they are also in the segment)
         self._new_feedback: list[FeedbackRecord] = []
+        # signed feedback for a turn not stored yet (a stream still being sent), by feedback id
+        self._early: dict[str, FeedbackRecord] = {}
         self._first_unflushed: float | None = None
         self._load()
 
@@ -90,12 +92,19 @@ class TrafficLog:
             for record in sorted(read_feedback(self._folder, name), key=lambda r: r.received_at):
                 self._count_score(record)
                 self._feedback[record.feedback_id] = record
-        # the segment may repeat what a file already holds (a crash between the file and the truncation)
-        for record in read_segment(self._segment_path):
+        # the segment may repeat what a file already holds (a crash between the file and the truncation);
+        # its turns first: an early feedback precedes its turn there
+        segment = read_segment(self._segment_path)
+        for record in segment:
             if record.turn is not None and record.turn.completion_id not in self._served:
                 self._keep_turn(record.turn)
-            if record.feedback is not None and record.feedback.feedback_id not in self._feedback:
+        for record in segment:
+            if record.feedback is None or record.feedback.feedback_id in self._feedback:
+                continue
+            if record.feedback.completion_id in self._served:
                 self._keep_feedback(record.feedback)
+            else:
+                self._early[record.feedback.feedback_id] = record.feedback
         self._rewrite_segment()
         self._expire()
 
@@ -107,17 +116,28 @@ class TrafficLog:
             return
         self._write([SegmentRecord(turn=stored)])
         self._keep_turn(stored)
+        for early in [r for r in self._early.values() if r.completion_id == stored.completion_id]:
+            del self._early[early.feedback_id]
+            self._keep_feedback(early)
         self._maybe_flush()
 
-    def add_feedback(self, feedback: Feedback, completion_id: str | None) -> FeedbackOutcome:
+    def add_feedback(
+        self, feedback: Feedback, completion_id: str | None, signed: bool = False
+    ) -> FeedbackOutcome:
         """Store a feedback for one of the run's turns (`completion_id`, or the latest turn of
-        `feedback.session_id` when None); the same `feedback_id` again answers the first record."""
+        `feedback.session_id` when None); the same `feedback_id` again answers the first record.
+        `signed`: the completion id comes from this deployment's feedback token, so it was served: if its
+        turn is not stored yet (a stream still being sent), the feedback waits for it (202) up to
+        `TrafficConfig.early_feedback_s`."""
         if feedback.feedback_id is not None and feedback.feedback_id in self._feedback:
             return FeedbackOutcome(record=self._feedback[feedback.feedback_id])
+        if feedback.feedback_id is not None and feedback.feedback_id in self._early:
+            return FeedbackOutcome(record=self._early[feedback.feedback_id], status=202)
         self._forget_expired()  # the files are pruned when they are written, not per feedback
         if completion_id is None and feedback.session_id is not None:
             completion_id = self._last_of_session.get(feedback.session_id)
-        if completion_id is None or completion_id not in self._served:
+        early = signed and completion_id is not None and completion_id not in self._served
+        if not early and (completion_id is None or completion_id not in self._served):
             target = completion_id or f"capture session {feedback.session_id!r}"
             message = (
                 f"no stored turn {target!r} of model {self._run!r}: unknown, not stored (the run does not "
@@ -135,6 +155,9 @@ class TrafficLog:
             received_at=time.time(),
         )
         self._write([SegmentRecord(feedback=record)])
+        if early:
+            self._early[record.feedback_id] = record
+            return FeedbackOutcome(record=record, status=202)
         self._keep_feedback(record)
         self._maybe_flush()
         return FeedbackOutcome(record=record)
@@ -242,7 +265,7 @@ class TrafficLog:
     def _rewrite_segment(self) -> None:
         """The segment holds exactly what no file holds yet."""
         records = [SegmentRecord(turn=turn) for turn in self._turns]
-        records += [SegmentRecord(feedback=record) for record in self._new_feedback]
+        records += [SegmentRecord(feedback=record) for record in [*self._new_feedback, *self._early.values()]]
         partial = self._segment_path.with_suffix(".partial")
         partial.write_text("".join(record.model_dump_json() + "\n" for record in records))
         partial.replace(self._segment_path)
@@ -273,6 +296,9 @@ class TrafficLog:
             del self._last_of_session[session_id]
         for feedback_id in [f for f, r in self._feedback.items() if r.completion_id not in self._served]:
             del self._feedback[feedback_id]
+        waited_since = time.time() - self._config.early_feedback_s
+        for feedback_id in [f for f, r in self._early.items() if r.received_at < waited_since]:
+            del self._early[feedback_id]  # its stream never finished
         return cutoff
 
 
