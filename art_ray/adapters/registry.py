@@ -209,8 +209,11 @@ class LoRARegistry:
         )
         versions = self._versions.setdefault(model, {})
         versions[step] = version
+        release = self._access.releases.get(model)
+        pinned = set(release.arms().values()) if release is not None else set()  # a release's arms stay
         for old in sorted(versions)[:-keep_versions]:
-            del versions[old]
+            if old not in pinned:
+                del versions[old]
         replicas = await self._broadcast(version, timeout_s)
         return {"replicas": replicas}
 

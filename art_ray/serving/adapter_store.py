@@ -57,6 +57,7 @@ class AdapterStore:
         keep_versions: int,
         base_model: str,
         source: Callable[[str, int], Awaitable[AdapterVersion | None]],
+        pinned: Callable[[str], set[int]] = lambda model: set(),
     ) -> None:
         self._serving_models = serving_models  # vLLM's OpenAIServingModels: names -> LoRARequest
         self._engine = engine
@@ -64,6 +65,7 @@ class AdapterStore:
         self._keep_versions = keep_versions
         self._base_model = base_model
         self._source = source
+        self._pinned = pinned  # steps kept past keep_versions: a release's arms (art_ray/releases.py)
         self._loaded: dict[str, dict[int, LoadedVersion]] = {}  # model -> step -> what serves it
         self._lock = asyncio.Lock()
         # (unloaded at, folder) of versions no longer served, deleted after a grace period
@@ -107,8 +109,7 @@ class AdapterStore:
             await self._add(versioned_name(version.model, version.step), folder)
             record = version.model_copy(update={"tensors": None})
             loaded[version.step] = LoadedVersion(folder, record, ref_id)
-            for old_step in sorted(loaded)[: -self._keep_versions]:
-                await self._unload(version.model, old_step)
+            await self._evict(version.model)
             return True
 
     async def unload_model(self, model: str) -> bool:
@@ -142,7 +143,13 @@ class AdapterStore:
                 await self._unload(model, step)
             await self._add(versioned_name(model, step), folder, delete_on_error=False)
             loaded[step] = LoadedVersion(folder)
-            for old_step in sorted(loaded)[: -self._keep_versions]:
+            await self._evict(model)
+
+    async def _evict(self, model: str) -> None:
+        """Past the newest `keep_versions`, every step goes but the pinned ones (under the lock)."""
+        pinned = self._pinned(model)
+        for old_step in sorted(self._loaded.get(model, {}))[: -self._keep_versions]:
+            if old_step not in pinned:
                 await self._unload(model, old_step)
 
     async def _add(self, lora_name: str, folder: Path, delete_on_error: bool = True) -> None:

@@ -56,6 +56,7 @@ class InferenceReplica:
             config.keep_versions,
             config.engine.model,
             self._registry.get.remote,
+            pinned=self._release_arms,
         )
         # Outermost: a cancelled request tells vLLM its client left, then the gate (routes, key), feedback,
         # the Responses and Messages protocols as chat completions, capture sessions and stored traffic;
@@ -113,6 +114,10 @@ class InferenceReplica:
     async def unload_model(self, model: str) -> bool:
         """Called on every replica by the registry when a run is deleted: its versions stop being served."""
         return await self._adapters.unload_model(model)
+
+    def _release_arms(self, model: str) -> set[int]:
+        release = self._access.releases.get(model)
+        return set(release.arms().values()) if release is not None else set()
 
     def current_access(self) -> AccessTable:
         return self._access

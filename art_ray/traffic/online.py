@@ -48,7 +48,8 @@ class OnlineTrainConfig(pydantic.BaseModel):
     `max_turns`: the most one step takes; `poll_s`: how often `run` asks for new ones;
     `max_steps_off_policy` / `max_age_s`: the staleness bounds, in trained steps and in seconds since the
     turn was served; `baseline_window`: the rewards a task's running mean averages (TaskMean);
-    `train`: each step's TrainConfig."""
+    `train`: each step's TrainConfig. With a release (ModelConfig.release), training waits while it is
+    `max_steps_off_policy` steps past the stable step, which serves most turns, until a release moves."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
 
@@ -169,13 +170,16 @@ class OnlineTrainer:
         are waiting (`force`: take however many there are, one at least)."""
         started = time.monotonic()
         state = await self._current_state()
+        release = (await self.model.release()).release if self.model.config.release is not None else None
+        ahead = state.step - release.stable if release is not None and release.stable is not None else 0
+        if ahead >= max(1, self.config.max_steps_off_policy):
+            return None  # most turns come from the stable step: a step further would make them stale
         matured = await self.model.matured_traffic(state.cursor, self.config.max_turns)
         if not matured.turns or (len(matured.turns) < self.config.min_turns and not force):
             return None
         current = state.step
         fresh, stale, lags = self._fresh(matured, current)
         baselines = copy.deepcopy(state.baselines)
-        release = (await self.model.release()).release if self.model.config.release is not None else None
         groups, grouping = traffic_groups(
             fresh, baselines, frozenset(release.rejected) if release else frozenset()
         )
