@@ -274,6 +274,33 @@ async def test_trajectories_the_endpoint_captured_train_through_the_server(regis
     assert await model.train(groups, TrainConfig(learning_rate=1e-3), verbose=False) == step + 1
 
 
+async def test_a_runs_traffic_and_release_through_the_server(registered) -> None:
+    """HTTPBackend's traffic verbs go through the training server: labeled turns past a cursor, and the
+    run's release (its arms, its evidence, a move it cannot make)."""
+    from art_ray import ReleasePolicy, RemoteTrainingError, TrafficConfig
+
+    backend, _ = registered
+    update = {"share_trainer": True, "traffic": TrafficConfig(), "release": ReleasePolicy()}
+    model = TrainableModel(
+        name="http-traffic", project="http-tests", base_model="tiny", config=CONFIG.model_copy(update=update)
+    )
+    await model.register(backend)
+    reply = await model.openai_client().chat.completions.create(
+        model=model.name, messages=[{"role": "user", "content": "Hi"}], max_tokens=2, metadata={"task": "t"}
+    )
+    await model.feedback(reply.id, score=1.0)
+    matured = await model.matured_traffic()
+    assert [t.stored.completion_id for t in matured.turns] == [reply.id]
+    assert matured.turns[0].stored.turn.metadata == {"task": "t"} and matured.labeled == 1
+    assert (await model.matured_traffic(after=matured.cursor)).turns == []
+    state = await model.release()
+    assert state.release is not None and (state.release.stable, state.release.status) == (0, "stable")
+    assert state.arms[0].turns == 1 and state.arms[0].score.n == 1
+    with pytest.raises(RemoteTrainingError, match="no candidate"):
+        await model.release("promote")
+    await backend.delete_run(model)
+
+
 async def test_a_run_key_sees_only_its_own_run_on_both_apis(server_url, registered, capsys) -> None:
     """Issue 27's isolation: alice's key registers a run (which joins the trainer of the admin's run) and
     samples, captures and trains it; bob's key is answered 404 for it on every route, as for a name
