@@ -1,15 +1,18 @@
 """Property tests of pure parts (Hypothesis): packing trains every sampled token exactly once with the
 context it was sampled after, and traffic grouping hands every labeled turn to one group or to its task's
-mean. Each draws a few hundred cases; a failure prints the smallest case Hypothesis found."""
+mean, and trajectory groups come back from Parquet as they were written. Each draws tens to hundreds of
+cases; a failure prints the smallest case Hypothesis found."""
 
 from __future__ import annotations
 
 import math
 import time
 
+from factories import served_choice
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from art_ray import Trajectory, TrajectoryGroup, read_trajectory_groups, write_trajectory_groups
 from art_ray.capture.turns import CapturedTurn
 from art_ray.feedback import FeedbackRecord
 from art_ray.traffic.groups import TaskBaselines, task_key, traffic_groups
@@ -165,3 +168,55 @@ def test_every_labeled_turn_trains_in_one_group_or_starts_its_tasks_mean(
             assert baselines.tasks[key].count == counts[key] + sum(
                 task_key(t.stored.turn) == key for t in turns
             )
+
+
+TEXT = st.text(st.characters(blacklist_categories=["Cs"]), max_size=30)  # any unicode a JSON string holds
+METADATA = st.dictionaries(
+    st.text(min_size=1, max_size=8),
+    st.one_of(TEXT, st.integers(-(2**53), 2**53), st.booleans(), st.none()),
+    max_size=3,
+)
+
+
+@st.composite
+def trajectory_groups(draw: st.DrawFn) -> list[TrajectoryGroup]:
+    groups = []
+    for _ in range(draw(st.integers(1, 3))):
+        trajectories = []
+        for _ in range(draw(st.integers(0, 3))):
+            items: list = [{"role": "user", "content": draw(TEXT)}]
+            for _ in range(draw(st.integers(1, 3))):
+                ids = draw(st.lists(st.integers(0, 50_000), min_size=1, max_size=5))
+                logprobs = tuple(-draw(st.floats(0, 20)) for _ in ids)
+                params = draw(
+                    st.one_of(st.none(), st.fixed_dictionaries({"temperature": st.floats(0.1, 2.0)}))
+                )
+                items.append(served_choice(draw(TEXT), tuple(ids), logprobs, sampling_params=params))
+                items.append({"role": "user", "content": draw(TEXT)})
+            trajectories.append(
+                Trajectory(
+                    messages_and_choices=items[:-1],
+                    reward=draw(st.floats(-10, 10, allow_nan=False)),
+                    metrics=draw(
+                        st.dictionaries(st.text(min_size=1, max_size=8), st.floats(-1e6, 1e6), max_size=3)
+                    ),
+                    metadata=draw(METADATA),
+                    logs=draw(st.lists(TEXT, max_size=2)),
+                )
+            )
+        baseline = draw(st.one_of(st.none(), st.floats(-1, 1)))
+        groups.append(TrajectoryGroup(trajectories, metadata=draw(METADATA), baseline=baseline))
+    return groups
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trajectory_groups())
+def test_groups_come_back_from_parquet_as_they_were_written(groups: list[TrajectoryGroup]) -> None:
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "groups.parquet"
+        write_trajectory_groups(groups, path)
+        restored = read_trajectory_groups(path)
+    assert [g.model_dump() for g in restored] == [g.model_dump() for g in groups]
