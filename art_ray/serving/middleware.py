@@ -174,8 +174,9 @@ class ModelRoutingMiddleware:
 
 def sticky_id(payload: dict) -> str | None:
     """Who sent a request, for a release's sticky arm (art_ray/releases.py): OpenAI's `user` or
-    `safety_identifier`, else `metadata.user_id` (Anthropic's; the bridges pass it on); None: anonymous,
-    an arm per request."""
+    `safety_identifier` (the Responses bridge passes them on, the Messages bridge Anthropic's
+    `metadata.user_id` as `user`), else the request's `metadata["user_id"]`; None: anonymous, an arm per
+    request."""
     for value in (payload.get("user"), payload.get("safety_identifier")):
         if isinstance(value, str) and value:
             return value
