@@ -3,11 +3,14 @@ error rate over many looks, and a release's path through its stages to promotion
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 
+import httpx
 import pytest
 
+from art_ray.access import AccessTable
 from art_ray.releases import (
     ArmStats,
     Release,
@@ -17,6 +20,8 @@ from art_ray.releases import (
     guardrail_values,
     start_canary,
 )
+from art_ray.serving.endpoint_guard import EndpointGuard
+from art_ray.serving.middleware import ModelRoutingMiddleware
 
 POLICY = ReleasePolicy(min_feedback=30)
 REPLY = {"message": {"role": "assistant", "content": "Sure."}, "finish_reason": "stop"}
@@ -112,3 +117,62 @@ def test_stages_must_rise_to_all_traffic() -> None:
     for stages in ([0.5, 0.25, 1.0], [0.1, 0.5], [0.0, 1.0]):
         with pytest.raises(ValueError, match="stages"):
             ReleasePolicy(stages=stages)
+
+
+# --- the endpoint's routing of a released run (the middleware with a stand-in for vLLM) ------------
+
+
+class ServedSteps:
+    """A replica serving run@1, run@2 and run@3."""
+
+    def latest_step(self, model: str) -> int | None:
+        return 3 if model == "run" else None
+
+    def served_models(self) -> dict[str, list[int]]:
+        return {"run": [1, 2, 3]}
+
+    async def ensure(self, model: str, step: int) -> bool:
+        return step in (1, 2, 3)
+
+
+async def echo_model(scope, receive, send) -> None:  # noqa: ANN001
+    request = json.loads((await receive())["body"])
+    body = json.dumps({"model": request["model"], "choices": []}).encode()
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]}
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def routed_to(release: Release | None, model: str = "run", **fields: object) -> str:
+    access = AccessTable(releases={"run": release} if release is not None else {})
+    routing = ModelRoutingMiddleware(echo_model, ServedSteps(), max_n=4, default_max_tokens=8)
+    app = EndpointGuard(routing, api_key="admin", access=lambda: access)
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], **fields}
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        response = await client.post(
+            "/v1/chat/completions", json=body, headers={"Authorization": "Bearer admin"}
+        )
+    assert response.status_code == 200, response.text
+    return response.json()["model"]
+
+
+async def test_the_endpoint_routes_a_bare_name_by_its_release() -> None:
+    assert await routed_to(None) == "run@3"  # no release: the newest served
+    assert await routed_to(Release(model="run", stable=1)) == "run@1"  # trained, not released
+    canary = start_canary(
+        Release(model="run", stable=1, policy=POLICY.model_copy(update={"stages": [0.5, 1.0]})), 3
+    )
+    users = [f"user-{i}" for i in range(16)]
+    for user in users:
+        assert await routed_to(canary, user=user) == f"run@{canary.arm_for(user, 0.0)}"
+    anthropic_user = await routed_to(canary, metadata={"user_id": users[0]})
+    assert anthropic_user == f"run@{canary.arm_for(users[0], 0.0)}"
+    rolled = apply(
+        canary, decide(canary, {1: ArmStats(), 3: ArmStats()}).model_copy(update={"action": "rollback"})
+    )
+    assert {await routed_to(rolled, user=user) for user in users} == {"run@1"}
+    assert await routed_to(rolled, "run@3") == "run@3"  # pinned stays pinned
+    # no stable step known: the newest served that was not rolled back
+    assert await routed_to(Release(model="run", rejected=(3,))) == "run@2"
