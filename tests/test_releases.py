@@ -13,6 +13,7 @@ import pytest
 from art_ray.access import AccessTable
 from art_ray.releases import (
     ArmStats,
+    Decision,
     Release,
     ReleasePolicy,
     apply,
@@ -169,9 +170,7 @@ async def test_the_endpoint_routes_a_bare_name_by_its_release() -> None:
         assert await routed_to(canary, user=user) == f"run@{canary.arm_for(user, 0.0)}"
     anthropic_user = await routed_to(canary, metadata={"user_id": users[0]})
     assert anthropic_user == f"run@{canary.arm_for(users[0], 0.0)}"
-    rolled = apply(
-        canary, decide(canary, {1: ArmStats(), 3: ArmStats()}).model_copy(update={"action": "rollback"})
-    )
+    rolled = apply(canary, Decision(action="rollback", reason="by hand"))
     assert {await routed_to(rolled, user=user) for user in users} == {"run@1"}
     assert await routed_to(rolled, "run@3") == "run@3"  # pinned stays pinned
     # no stable step known: the newest served that was not rolled back
