@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import pytest
@@ -175,3 +178,17 @@ async def test_the_endpoint_routes_a_bare_name_by_its_release() -> None:
     assert await routed_to(rolled, "run@3") == "run@3"  # pinned stays pinned
     # no stable step known: the newest served that was not rolled back
     assert await routed_to(Release(model="run", rejected=(3,))) == "run@2"
+
+
+def test_the_release_gate_bench_runs_its_short_form() -> None:
+    bench = Path(__file__).parents[1] / "bench" / "release_gate.py"
+    done = subprocess.run(
+        [sys.executable, str(bench), "--seeds", "10", "--requests", "400"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["bench"] == "release_gate" and result["cuts_rollback_rate"] == 1.0
+    assert result["good_rollback_rate"] <= 0.1
