@@ -27,6 +27,9 @@ from art_ray.releases import (
 from art_ray.serving.endpoint_guard import EndpointGuard
 from art_ray.serving.middleware import ModelRoutingMiddleware
 
+sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+import release_gate  # noqa: E402
+
 POLICY = ReleasePolicy(min_feedback=30)
 REPLY = {"message": {"role": "assistant", "content": "Sure."}, "finish_reason": "stop"}
 CUT = {"message": {"role": "assistant", "content": "Sure, and"}, "finish_reason": "length"}
@@ -56,22 +59,10 @@ def test_guardrails_read_the_served_choice() -> None:
 
 
 def simulate(seed: int, candidate_cut: float, candidate_score: float, looks: int = 400) -> tuple[str, int]:
-    """A canary of step 1 against step 0: each request goes to an arm by the release's share; 2% of the
-    stable arm's replies are cut at the limit; 30% of replies get a 0/1 score (0.5 on the stable arm)."""
-    rng = random.Random(seed)
-    release = start_canary(Release(model="run", stable=0, policy=POLICY), 1)
-    stats = {0: ArmStats(), 1: ArmStats()}
-    for look in range(looks):
-        arm = 1 if rng.random() < release.share else 0
-        cut, score = (candidate_cut, candidate_score) if arm else (0.02, 0.5)
-        stats[arm].add_turn(CUT if rng.random() < cut else REPLY)
-        if rng.random() < 0.3:
-            stats[arm].score.add(float(rng.random() < score))
-        decision = decide(release, stats)
-        release = apply(release, decision)
-        if decision.action in ("rollback", "promote"):
-            return decision.action, look
-    return "wait", looks
+    """A canary of step 1 against step 0, checked after every request (bench/release_gate.py's run): the
+    outcome and the requests until it."""
+    outcome, requests, _ = release_gate.run(seed, candidate_cut, candidate_score, looks, POLICY)
+    return outcome, requests
 
 
 def test_a_version_as_good_as_stable_is_rolled_back_less_often_than_alpha() -> None:
