@@ -47,8 +47,9 @@ async def act(model: str, action: ReleaseAction) -> ReleaseState:
         raise ReleaseError(f"model {model!r} has no release: set ModelConfig.release when registering it")
     decision = None
     if action.action == "start":
-        step = action.step if action.step is not None else max(await registry.steps.remote(model), default=0)
-        if step not in await registry.steps.remote(model):
+        published = await registry.steps.remote(model)
+        step = action.step if action.step is not None else max(published, default=0)
+        if step not in published:
             raise ReleaseError(f"{model}@{step} was never published")
         if step in release.rejected or step == release.stable:
             raise ReleaseError(f"{model}@{step} is the stable step or was rolled back")
