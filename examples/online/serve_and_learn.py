@@ -22,12 +22,11 @@ import json
 import random
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from users import Population, utility  # noqa: E402
+from users import Population, Traffic, serve_population  # noqa: E402
 
 from art_ray import (  # noqa: E402
     LoRASpec,
@@ -41,8 +40,6 @@ from art_ray import (  # noqa: E402
     TrainConfig,
 )
 from art_ray.releases import describe  # noqa: E402
-
-MAX_TOKENS = 16
 
 
 def online_model(args: argparse.Namespace) -> TrainableModel:
@@ -62,83 +59,30 @@ def online_model(args: argparse.Namespace) -> TrainableModel:
     )
 
 
-class Minute:
-    """What the users saw in one minute."""
-
-    def __init__(self) -> None:
-        self.utilities: list[float] = []
-        self.thumbs: list[float] = []
-        self.versions: dict[int, int] = {}
-
-
-async def serve_population(model: TrainableModel, args: argparse.Namespace, minutes: list[Minute]) -> None:
-    rng = random.Random(args.seed)
-    population = Population.draw(
-        rng, size=args.users, feedback_rate=args.feedback_rate, feedback_delay_s=args.feedback_delay_s
+def online_trainer(model: TrainableModel, args: argparse.Namespace) -> OnlineTrainer:
+    train = TrainConfig(
+        learning_rate=args.learning_rate, scale_rewards=False, truncated_importance_sampling=2.0
     )
-    client = model.openai_client()
-    started = time.monotonic()
-    pending: set[asyncio.Task] = set()
-    slots = asyncio.Semaphore(args.concurrency)
-
-    async def later(delay: float, completion_id: str, thumb: float, token: str | None) -> None:
-        await asyncio.sleep(delay)
-        await model.feedback(completion_id, score=thumb, token=token)
-
-    async def one_request() -> None:
-        async with slots:
-            user, kind, messages = population.request(rng)
-            raw = await client.chat.completions.with_raw_response.create(
-                model=model.name,
-                messages=messages,
-                max_tokens=MAX_TOKENS,
-                temperature=1.0,
-                user=user.user_id,
-                metadata={"task": kind},
-            )
-        reply = raw.parse()
-        choice = reply.choices[0]
-        text = choice.message.content or ""
-        worth = utility(text, choice.finish_reason)
-        minute = minutes[min(int((time.monotonic() - started) // 60), len(minutes) - 1)]
-        minute.utilities.append(worth)
-        version = (choice.model_extra or {}).get("policy_version", -1)
-        minute.versions[version] = minute.versions.get(version, 0) + 1
-        said = population.feedback(rng, user, worth, text)
-        if said is not None:
-            minute.thumbs.append(said[0])
-            task = asyncio.create_task(
-                later(said[1], reply.id, said[0], raw.headers.get("x-art-ray-feedback-token"))
-            )
-            pending.add(task)
-            task.add_done_callback(pending.discard)
-
-    deadline = started + args.minutes * 60
-    while time.monotonic() < deadline:
-        task = asyncio.create_task(one_request())
-        pending.add(task)
-        task.add_done_callback(pending.discard)
-        await asyncio.sleep(rng.expovariate(args.rate))
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
+    return OnlineTrainer(model, OnlineTrainConfig(min_turns=args.min_turns, poll_s=2.0, train=train))
 
 
-async def report(
-    model: TrainableModel, minutes: list[Minute], trainer: OnlineTrainer, done: asyncio.Event
-) -> None:
-    print(
-        f"{'minute':>6}  {'requests':>8}  {'utility':>7}  {'thumbs up':>9}  {'step':>4}  release", flush=True
-    )
-    for index in range(len(minutes)):
+def mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")
+
+
+async def report(model: TrainableModel, traffic: Traffic, minutes: int, done: asyncio.Event) -> None:
+    """A row a minute: what the users saw in it, the trained step, the release."""
+    header = f"{'minute':>6}  {'requests':>8}  {'utility':>7}  {'thumbs up':>9}  {'step':>4}  release"
+    print(header, flush=True)
+    for minute in range(minutes):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(done.wait(), timeout=60)
-        minute = minutes[index]
+        seen = traffic.window(minute * 60, (minute + 1) * 60)
         state = (await model.release()).release if model.config.release else None
-        mean = statistics.fmean(minute.utilities) if minute.utilities else float("nan")
-        thumbs = statistics.fmean(minute.thumbs) if minute.thumbs else float("nan")
+        thumbs = [reply.thumb for reply in seen if reply.thumb is not None]
+        utility = mean([reply.utility for reply in seen])
         print(
-            f"{index + 1:>6}  {len(minute.utilities):>8}  {mean:>7.3f}  {thumbs:>9.3f}  "
+            f"{minute + 1:>6}  {len(seen):>8}  {utility:>7.3f}  {mean(thumbs):>9.3f}  "
             f"{await model.get_step():>4}  {describe(state) if state else 'no gates'}",
             flush=True,
         )
@@ -150,28 +94,30 @@ async def main(args: argparse.Namespace) -> dict:
     backend = RayBackend(storage=args.storage, port=args.port)
     model = online_model(args)
     await model.register(backend)
-    train = TrainConfig(
-        learning_rate=args.learning_rate, scale_rewards=False, truncated_importance_sampling=2.0
-    )
-    trainer = OnlineTrainer(model, OnlineTrainConfig(min_turns=args.min_turns, poll_s=2.0, train=train))
+    trainer = online_trainer(model, args)
     training = asyncio.create_task(trainer.run())
-    minutes = [Minute() for _ in range(max(1, int(args.minutes)))]
-    done = asyncio.Event()
-    printing = asyncio.create_task(report(model, minutes, done))
+    rng = random.Random(args.seed)
+    population = Population.draw(
+        rng, size=args.users, feedback_rate=args.feedback_rate, feedback_delay_s=args.feedback_delay_s
+    )
+    traffic, done = Traffic(), asyncio.Event()
+    printing = asyncio.create_task(report(model, traffic, max(1, round(args.minutes)), done))
     try:
-        await serve_population(model, args, minutes)
+        await serve_population(
+            model, population, rng, traffic, args.minutes * 60, args.rate, args.concurrency
+        )
     finally:
         done.set()
         trainer.request_stop()
         await asyncio.gather(training, printing, return_exceptions=True)
     decisions = trainer.release_decisions
-    served = [m for m in minutes if m.utilities]
+    last = max((reply.at_s for reply in traffic.served), default=0.0)
     result = {
         "example": "online",
         "gates": not args.no_gates,
-        "first_utility": round(statistics.fmean(served[0].utilities), 3) if served else None,
-        "last_utility": round(statistics.fmean(served[-1].utilities), 3) if served else None,
-        "requests": sum(len(m.utilities) for m in minutes),
+        "first_utility": round(mean([r.utility for r in traffic.window(0, 60)]), 3),
+        "last_utility": round(mean([r.utility for r in traffic.window(last - 60, last + 1)]), 3),
+        "requests": len(traffic.served),
         "steps": await model.get_step(),
         "turns_trained": sum(r.grouping.trajectories for r in trainer.reports),
         "rollbacks": sum(d.action == "rollback" for d in decisions),
