@@ -122,6 +122,8 @@ class RayBackend:
         self._last_used: dict[str, float] = {}
         self._in_call: collections.Counter[str] = collections.Counter()
         self._reaper: asyncio.Task[None] | None = None
+        # per run with a release, the rolled-back steps its trainer has moved off (see `release`)
+        self._rolled_back: dict[str, set[int]] = {}
 
     def _connect(self) -> None:
         if ray.is_initialized():
@@ -141,13 +143,16 @@ class RayBackend:
             ray.init(address=self.address or os.environ["RAY_ADDRESS"], log_to_driver=False)
 
     def _init_embedded_ray(self) -> None:
-        ray.init(
-            address="local",
-            num_cpus=self.num_cpus or max(2, os.cpu_count() or 2),
-            include_dashboard=False,
-            log_to_driver=False,
-            runtime_env={"env_vars": {"PYTHONPATH": _driver_code_path()}},
-        )
+        from art_ray.serving.launch import loopback_only_ray
+
+        with loopback_only_ray():
+            ray.init(
+                address="local",
+                num_cpus=self.num_cpus or max(2, os.cpu_count() or 2),
+                include_dashboard=False,
+                log_to_driver=False,
+                runtime_env={"env_vars": {"PYTHONPATH": _driver_code_path()}},
+            )
 
     def start_serve(self) -> tuple[str, int]:
         """Start Serve on the cluster (the first register does), or join the Serve running there; returns
@@ -328,7 +333,11 @@ class RayBackend:
         if model.config.release is not None:
             from art_ray.release_control import begin
 
-            await begin(model.name, self._trainers[model.name].step, model.config.release)
+            trainer = self._trainers[model.name]
+            if trainer.step not in self.checkpoint_steps(model):  # a rollback to it trains on from its state
+                await trainer.save_state(trainer.config.checkpoint_dir(trainer.step))
+            release = await begin(model.name, trainer.step, model.config.release)
+            self._rolled_back[model.name] = set(release.rejected)
         self._touch(model.name)
         if model.config.idle_ttl_s is not None and (self._reaper is None or self._reaper.done()):
             self._reaper = asyncio.get_running_loop().create_task(self._reap_idle_runs())
@@ -635,11 +644,34 @@ class RayBackend:
         return await get_traffic_log(model.name).matured.remote(after, limit)
 
     async def release(self, model: TrainableModel, action: ReleaseAction) -> ReleaseState:
-        """Read or move the run's release (art_ray/release_control.py)."""
-        from art_ray.release_control import act
+        """Read or move the run's release (art_ray/release_control.py). After a rollback, the run trains
+        on from its stable step's weights and optimizer state, at its own step (published steps never
+        repeat), and the steps trained on top of the rolled-back one are rolled back with it."""
+        from art_ray.release_control import act, reject_descendants
 
-        self._trainer(model)  # raises if not registered
-        return await act(model.name, action)
+        trainer = self._trainer(model)  # raises if not registered
+        state = await act(model.name, action)
+        handled = self._rolled_back.setdefault(model.name, set())
+        if state.release is None or set(state.release.rejected) <= handled:
+            return state
+        # a rollback, by this call or elsewhere (the CLI, another driver) since this backend's last look
+        first = min(set(state.release.rejected) - handled)
+        handled.update(state.release.rejected)
+        stable = state.release.stable
+        if stable is None or stable not in self.checkpoint_steps(model):
+            logger.warning(
+                "%s: step %s has no checkpoint; training goes on from step %s's weights (the rollback "
+                "holds for serving)",
+                model.name,
+                stable,
+                first,
+            )
+            return state
+        # waits for a train call in flight: a step trained on the rolled-back weights is published first
+        step = await trainer.load_state(trainer.config.checkpoint_dir(stable), optimizer=True, keep_step=True)
+        state = await reject_descendants(model.name, first, through=step, state=state)
+        handled.update(state.release.rejected)
+        return state
 
     async def delete_run(self, model: TrainableModel, purge_checkpoints: bool = False) -> None:
         """Stop training and serving a registered model, after its train call in flight if one is: its
@@ -658,6 +690,7 @@ class RayBackend:
         await asyncio.to_thread(trainer.shutdown)
         self._last_call.pop(name, None)
         self._last_used.pop(name, None)
+        self._rolled_back.pop(name, None)
         tracker = self._trackers.pop(name, None)
         if tracker is not None:
             tracker.finish()

@@ -76,6 +76,23 @@ async def act(model: str, action: ReleaseAction) -> ReleaseState:
     return ReleaseState(release=updated, arms=arms, decision=decision)
 
 
+async def reject_descendants(model: str, rejected: int, through: int, state: ReleaseState) -> ReleaseState:
+    """Roll back, with `rejected`, every published step after it up to `through`: they were trained on its
+    weights (the trainer moves back to the stable step's only at the rollback)."""
+    registry = ensure_registry()
+    release = await registry.release.remote(model)
+    published = await registry.steps.remote(model)
+    descendants = [step for step in sorted(published) if rejected < step <= through]
+    extra = [step for step in descendants if step not in release.rejected]
+    if not extra:
+        return state.model_copy(update={"release": release})
+    if release.candidate in extra:  # a canary of a descendant (started by hand) ends with it
+        release = release.model_copy(update={"candidate": None, "share": 0.0, "status": "rolled_back"})
+    updated = release.model_copy(update={"rejected": (*release.rejected, *extra)})
+    await registry.set_release.remote(model, updated)
+    return state.model_copy(update={"release": updated})
+
+
 async def _arm_stats(model: str) -> dict[int, ArmStats]:
     from art_ray.traffic.log import get_traffic_log
 

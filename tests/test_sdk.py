@@ -14,6 +14,7 @@ from pathlib import Path
 
 import openai
 import pytest
+import torch
 from conftest import free_port
 from factories import TINY_CONFIG
 
@@ -32,7 +33,7 @@ from art_ray import (
     remote_rollout,
     sampled_tokens,
 )
-from art_ray.adapters.lora_files import initial_adapter
+from art_ray.adapters.lora_files import initial_adapter, read_peft_adapter
 from art_ray.adapters.registry import publish_adapter
 from art_ray.errors import BackendError
 from art_ray.models import resolve_base_model
@@ -554,28 +555,36 @@ async def test_a_release_serves_a_new_step_to_a_sticky_share_and_rolls_it_back(r
         version, completion_id = await served(user)
         assert version == arms[user] and (await served(user))[0] == version  # sticky
         await model.feedback(completion_id, score=0.0 if version == 1 else 1.0)
+    # step 2 trains on step 1's weights while step 1 is the canary
+    await model.train(await sampled_groups(model), TrainConfig(learning_rate=1e-3), verbose=False)
     checked = await model.release("check")
     assert checked.decision is not None and checked.decision.action == "rollback", checked.decision
     assert checked.arms[1].score.mean == 0.0 and checked.arms[0].score.mean == 1.0
-    assert checked.release is not None and checked.release.rejected == (1,)
+    assert checked.release is not None and checked.release.rejected == (1, 2)  # step 1 and what grew on it
     assert {(await served(user))[0] for user in users[:12]} == {0}  # every replica, at once
     assert (await served("pinned", f"{model.name}@1"))[0] == 1
     with pytest.raises(ReleaseError, match="rolled back"):
-        await model.release("start", 1)
+        await model.release("start", 2)
 
-    await model.train(await sampled_groups(model), TrainConfig(learning_rate=1e-3), verbose=False)
-    assert (await model.release("start", 2)).release.candidate == 2  # type: ignore[union-attr]
+    # the trainer went back to step 0's weights and optimizer state: a step that barely moves equals it
+    await model.train(await sampled_groups(model), TrainConfig(learning_rate=1e-12), verbose=False)
+    assert (await model.release("start", 3)).release.candidate == 3  # type: ignore[union-attr]
     await model.release("pause")
     assert {(await served(user))[0] for user in users[:12]} == {0}
     await model.release("resume")
     await asyncio.to_thread(art_ray_cli, ["release", model.name, "promote", "--reason", "looks good"])
     printed = capsys.readouterr().out
-    assert "promoted, stable step 2" in printed and "last move: looks good" in printed
-    assert {(await served(user))[0] for user in users[:12]} == {2}
+    assert "promoted, stable step 3" in printed and "last move: looks good" in printed
+    assert {(await served(user))[0] for user in users[:12]} == {3}
     status = await asyncio.to_thread(cluster_status)
     release = next(m.release for m in status.models if m.model == model.name)
-    assert release is not None and (release.stable, release.rejected) == (2, (1,))
-    await backend.delete_run(model)
+    assert release is not None and (release.stable, release.rejected) == (3, (1, 2))
+    checkpoints = Path(backend.model_dir(model)) / "checkpoints"
+    await backend.delete_run(model)  # after its last checkpoint is written
+    adapters = {step: read_peft_adapter(checkpoints / f"{step:04d}" / "adapter") for step in (0, 1, 3)}
+    for name, weight in adapters[0].items():
+        assert torch.allclose(adapters[3][name], weight, atol=1e-6), name
+    assert any(not torch.equal(adapters[1][name], weight) for name, weight in adapters[0].items())
 
 
 async def test_restart_resumes_step_and_run_then_delete_checkpoints(registered, storage):

@@ -355,11 +355,16 @@ class TrainerGroup:
             ]
         await self.workers[0].mark_checkpoint_complete.remote(folder, self.step, *written)
 
-    async def load_state(self, folder: str, optimizer: bool) -> int:
-        """A saved state into the run (without its optimizer state unless `optimizer`); the run's step."""
+    async def load_state(self, folder: str, optimizer: bool, keep_step: bool = False) -> int:
+        """A saved state into the run (without its optimizer state unless `optimizer`; the run keeps its
+        own step if `keep_step`, read after a train call in flight); the run's step."""
         async with self.ranks.turn(self.run):
+            as_step = self.step if keep_step else None
             steps = await asyncio.gather(
-                *(worker.load_checkpoint.remote(self.run, folder, optimizer) for worker in self.workers)
+                *(
+                    worker.load_checkpoint.remote(self.run, folder, optimizer, as_step)
+                    for worker in self.workers
+                )
             )
         self.step = steps[0]
         return self.step

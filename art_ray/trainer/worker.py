@@ -613,9 +613,12 @@ class TrainerWorker:
         them (and maybe while the next step trains: the step is the checkpoint's, not the rank's now)."""
         storage.write_text(f"{folder}/{STATE_FILE}", json.dumps({"step": step, "saved_at": time.time()}))
 
-    def load_checkpoint(self, run: str, folder: str, optimizer: bool = True) -> int:
+    def load_checkpoint(
+        self, run: str, folder: str, optimizer: bool = True, as_step: int | None = None
+    ) -> int:
         """The checkpoint's adapter, step and RNG into `run`, and its optimizer state unless `optimizer` is
-        False (then the run's own stays); the step."""
+        False (then the run's own stays); the step. `as_step`: the run keeps that step instead of the
+        checkpoint's (a rollback trains on from an older version's weights; published steps never repeat)."""
         import torch
 
         self._live(run)
@@ -624,7 +627,7 @@ class TrainerWorker:
             _, client_state = self.engine.load_checkpoint(
                 local, tag="deepspeed", load_module_strict=False, load_optimizer_states=optimizer
             )
-        step = int(client_state[CLIENT_STATE_STEP])
+        step = int(client_state[CLIENT_STATE_STEP]) if as_step is None else as_step
         self._runs.set_step(run, step)
         torch.set_rng_state(client_state["torch_rng"])
         return step
