@@ -19,6 +19,7 @@ from art_ray.releases import (
     Decision,
     Release,
     ReleasePolicy,
+    ReleaseState,
     apply,
     decide,
     guardrail_values,
@@ -183,3 +184,22 @@ def test_the_release_gate_bench_runs_its_short_form() -> None:
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["bench"] == "release_gate" and result["cuts_rollback_rate"] == 1.0
     assert result["good_rollback_rate"] <= 0.1
+
+
+def test_each_online_step_logs_where_its_release_stood() -> None:
+    """OnlineStep's MLflow row: the candidate's exposure, the rollbacks so far, each arm's mean score."""
+    from art_ray.traffic.online import ReleaseMetrics
+
+    assert ReleaseMetrics.of(ReleaseState(release=None)) is None
+    release = start_canary(Release(model="run", stable=2, rejected=(1,)), 3)
+    arms = {2: ArmStats(), 3: ArmStats()}
+    for score in (1.0, 0.0, 1.0):
+        arms[2].score.add(score)
+    logged = ReleaseMetrics.of(ReleaseState(release=release, arms=arms)).metrics()  # type: ignore[union-attr]
+    assert logged == {
+        "release/share": 0.05,
+        "release/rollbacks": 1.0,
+        "release/stable_step": 2.0,
+        "release/candidate_step": 3.0,
+        "release/stable_score": pytest.approx(2 / 3),
+    }  # the candidate has no score yet: no row rather than a 0

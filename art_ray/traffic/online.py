@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import pydantic
 
-from art_ray.releases import Decision
+from art_ray.releases import Decision, ReleaseState
 from art_ray.storage import resolve_filesystem as storage_filesystem
 from art_ray.traffic.groups import TaskBaselines, TrafficGrouping, traffic_groups
 from art_ray.traffic.records import LabeledTurn, MaturedTraffic, TrafficCursor
@@ -73,6 +73,49 @@ class OnlineState(pydantic.BaseModel):
     turns_first_of_task: int = 0
 
 
+class ReleaseMetrics(pydantic.BaseModel):
+    """A release at one training step, as MLflow gets it: the candidate's share of traffic (its
+    exposure), the rollbacks so far, and the mean feedback score served by each arm (None: no score)."""
+
+    stable: int | None
+    candidate: int | None
+    share: float
+    rollbacks: int
+    stable_score: float | None
+    candidate_score: float | None
+
+    @staticmethod
+    def of(state: ReleaseState) -> ReleaseMetrics | None:
+        release = state.release
+        if release is None:
+            return None
+
+        def score(step: int | None) -> float | None:
+            arm = state.arms.get(step) if step is not None else None
+            return arm.score.mean if arm is not None and arm.score.n else None
+
+        return ReleaseMetrics(
+            stable=release.stable,
+            candidate=release.candidate,
+            share=release.share,
+            rollbacks=len(release.rejected),
+            stable_score=score(release.stable),
+            candidate_score=score(release.candidate),
+        )
+
+    def metrics(self) -> dict[str, float]:
+        values = {"release/share": self.share, "release/rollbacks": self.rollbacks}
+        for name, value in (
+            ("release/stable_step", self.stable),
+            ("release/candidate_step", self.candidate),
+            ("release/stable_score", self.stable_score),
+            ("release/candidate_score", self.candidate_score),
+        ):
+            if value is not None:
+                values[name] = value
+        return {name: float(value) for name, value in values.items()}
+
+
 class OnlineStep(pydantic.BaseModel):
     """One batch of labeled turns and what became of it (logged to MLflow as `traffic/*`)."""
 
@@ -88,6 +131,7 @@ class OnlineStep(pydantic.BaseModel):
     steps_off_policy_max: int
     coverage: float | None  # labeled / (labeled + unlabeled) among retained turns
     seconds: float
+    release: ReleaseMetrics | None = None  # with ModelConfig.release: where it stood at this step
 
     def metrics(self) -> dict[str, float]:
         values = {
@@ -103,6 +147,8 @@ class OnlineStep(pydantic.BaseModel):
         }
         if self.coverage is not None:
             values["traffic/feedback_coverage"] = self.coverage
+        if self.release is not None:
+            values.update(self.release.metrics())
         return {name: float(value) for name, value in values.items()}
 
 
@@ -170,7 +216,8 @@ class OnlineTrainer:
         are waiting (`force`: take however many there are, one at least)."""
         started = time.monotonic()
         state = await self._current_state()
-        release = (await self.model.release()).release if self.model.config.release is not None else None
+        release_state = await self.model.release() if self.model.config.release is not None else None
+        release = release_state.release if release_state is not None else None
         ahead = state.step - release.stable if release is not None and release.stable is not None else 0
         if ahead >= max(1, self.config.max_steps_off_policy):
             return None  # most turns come from the stable step: a step further would make them stale
@@ -217,6 +264,7 @@ class OnlineTrainer:
             steps_off_policy_max=max(lags, default=0),
             coverage=matured.coverage,
             seconds=time.monotonic() - started,
+            release=ReleaseMetrics.of(release_state) if release_state is not None else None,
         )
         self.reports.append(report)
         await self.model.log(groups, split="traffic", metrics=report.metrics())
