@@ -4,16 +4,22 @@ serves SmolLM2-135M-Instruct, trains two GRPO steps and shuts down; the test che
 and left the checkpoint, the Parquet files and the MLflow store where the page says.
 
 It needs no session cluster, so it runs in the first block of the suite (tests/conftest.py), with the
-machine to itself; most of its time is the cluster's, the engine's and the trainer's start.
+machine to itself; most of its time is the cluster's, the engine's and the trainer's start. While it runs,
+the sockets that the script's processes (Ray's, Serve's, the engines', the trainer's) listen on are listed
+every half second: an embedded cluster is closed to the network (issue 49), all of them on loopback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -29,6 +35,37 @@ def marked_blocks(page: Path, marker: str) -> list[tuple[str, str]]:
     return re.findall(pattern, page.read_text(), flags=re.S)
 
 
+LOOPBACK = {"127.0.0.1", "::1"}
+
+
+def listening_sockets(root: psutil.Process) -> set[tuple[str, int, str]]:
+    """(address, port, process name) of every listening TCP socket and bound UDP socket in `root`'s tree."""
+    found = set()
+    for process in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            for connection in process.net_connections(kind="inet"):
+                tcp_listening = connection.status == psutil.CONN_LISTEN
+                udp_bound = connection.type == socket.SOCK_DGRAM and connection.laddr
+                if tcp_listening or udp_bound:
+                    found.add((connection.laddr.ip, connection.laddr.port, process.name()))
+    return found
+
+
+def run_listing_sockets(command: str, cwd: Path, timeout_s: float) -> tuple[int, str, set]:
+    """Run `command`; its exit code, output, and every socket its processes listened on meanwhile."""
+    log = cwd / "output.log"
+    sockets: set[tuple[str, int, str]] = set()
+    with log.open("w") as out:
+        process = subprocess.Popen(["bash", "-c", command], cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+        root = psutil.Process(process.pid)
+        deadline = time.monotonic() + timeout_s
+        while process.poll() is None:
+            assert time.monotonic() < deadline, f"still running after {timeout_s:.0f} s"
+            sockets |= listening_sockets(root)
+            time.sleep(0.5)
+    return process.returncode, log.read_text(), sockets
+
+
 def test_quickstart_runs_as_written(tmp_path: Path) -> None:
     blocks = marked_blocks(PAGE, RUN_MARKER)
     assert [language for language, _ in blocks] == ["python", "bash"], blocks
@@ -37,11 +74,13 @@ def test_quickstart_runs_as_written(tmp_path: Path) -> None:
     (tmp_path / "first_agent.py").write_text(script + "\n")
     # the command names the checkout's .venv; here it is the interpreter running the tests
     (tmp_path / ".venv").symlink_to(Path(sys.prefix))
-    done = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-6000:]
-    assert re.search(r"^step 1: mean reward [01]\.\d\d$", done.stdout, flags=re.M), output[-6000:]
-    assert re.search(r"^step 2: mean reward [01]\.\d\d$", done.stdout, flags=re.M), output[-6000:]
+    code, output, sockets = run_listing_sockets(command, tmp_path, timeout_s=600)
+    assert code == 0, output[-6000:]
+    assert re.search(r"^step 1: mean reward [01]\.\d\d$", output, flags=re.M), output[-6000:]
+    assert re.search(r"^step 2: mean reward [01]\.\d\d$", output, flags=re.M), output[-6000:]
+    # Ray's GCS, raylet and workers, Serve's proxy: something listened, and all of it on loopback
+    assert len(sockets) >= 5, sockets
+    assert {listener for listener in sockets if listener[0] not in LOOPBACK} == set(), sockets
     # where the page says: a complete step-2 checkpoint, the trained groups' Parquet, the MLflow store
     run = tmp_path / "art_ray_runs" / "quickstart" / "models" / "my-agent"
     assert (run / "checkpoints" / "0002" / "trainer_state.json").is_file(), sorted(run.rglob("*"))

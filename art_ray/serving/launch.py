@@ -1,6 +1,11 @@
-"""Start the inference app on the connected Ray cluster, the way Ray users start Serve apps."""
+"""Start the inference app on the connected Ray cluster, the way Ray users start Serve apps; start and
+end the embedded cluster a driver runs when it connects to none."""
 
 from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
 
 import ray
 from ray import serve
@@ -41,6 +46,32 @@ def stop_inference(app_name: str) -> None:
 
     ray.get(get_registry().unsubscribe.remote(app_name, INFERENCE_DEPLOYMENT))
     serve.delete(app_name)
+
+
+# Ray's switch for single-machine clusters (its default on macOS and Windows): the node's address is
+# loopback, so every socket of the cluster (GCS, raylet, object manager, workers, agents) binds 127.0.0.1
+LOOPBACK_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@contextlib.contextmanager
+def loopback_only_ray() -> Iterator[None]:
+    """Around `ray.init` of an embedded cluster: its processes listen on loopback only. Ray otherwise
+    resolves even 127.0.0.1 to the machine's network address, which its sockets then bind, so a laptop
+    on a café network would offer them; a cluster of one machine needs none of that. Its processes get
+    the switch from their environment; this process's Ray reads it at import, so it is set for the call."""
+    from ray._private import ray_constants
+
+    before_env, before_flag = os.environ.get(LOOPBACK_ONLY_ENV), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[LOOPBACK_ONLY_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before_flag
+        if before_env is None:
+            os.environ.pop(LOOPBACK_ONLY_ENV, None)
+        else:
+            os.environ[LOOPBACK_ONLY_ENV] = before_env
 
 
 def stop_local_cluster() -> None:
