@@ -20,6 +20,7 @@ ZYGOTE = Path(__file__).with_name("zygote.py")
 # slack past a command's own timeout before the caller calls the slot broken (the slot enforces the timeout)
 REPLY_GRACE_S = 5.0
 START_TIMEOUT_S = 30.0
+KILL_GRACE_S = 1.0
 
 
 def default_read_only_paths() -> list[str]:
@@ -146,12 +147,23 @@ class NamespaceSlot:
         return (await self.request({"op": "processes"}, self.limits.wall_s))["count"]
 
     def kill(self) -> None:
-        """The outer process's death kills the init (PR_SET_PDEATHSIG), whose death kills its namespace."""
+        """End every process of the slot, from any state. Closing the request pipe makes the init exit (its
+        pid namespace goes with it) and its parent reap it; SIGKILL follows in case the init is wedged. A
+        SIGKILL first would leave the init a zombie of the host's pid 1, which reaps at its own pace (~2 s
+        on this box)."""
         self.broken = True
-        self.process.stdin.close()  # the init also ends on its request pipe's end (if it missed the signal)
+        self.process.stdin.close()
         if self.process.returncode is None:
-            self.process.kill()
+            asyncio.get_running_loop().call_later(KILL_GRACE_S, self.kill_now)
+
+    def kill_now(self) -> None:
+        if self.process.returncode is None:
+            self.process.kill()  # the init dies of PR_SET_PDEATHSIG, and its pid namespace with it
 
     async def close(self) -> None:
         self.kill()
-        await self.process.wait()
+        try:
+            await asyncio.wait_for(self.process.wait(), KILL_GRACE_S + 1)
+        except TimeoutError:
+            self.kill_now()
+            await self.process.wait()
