@@ -12,6 +12,8 @@ import asyncio
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -32,14 +34,17 @@ LIMITS = SandboxLimits(wall_s=3, cpu_s=5, memory_mb=256, processes=16, output_by
 
 
 def sandbox_processes() -> list[int]:
-    """Host pids of processes owned by a slot uid of these tests."""
+    """Host pids of live processes owned by a slot uid of these tests. Zombies do not count: a slot whose
+    parent died first is reaped by the host's pid 1, at its own pace (~2 s on this box)."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            uid = entry.stat().st_uid if entry.name.isdigit() else -1
-        except FileNotFoundError:
+            if not entry.name.isdigit() or not FIRST_UID <= entry.stat().st_uid < FIRST_UID + 64:
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
             continue
-        if FIRST_UID <= uid < FIRST_UID + 64:
+        if state != "Z":
             found.append(int(entry.name))
     return found
 
@@ -321,6 +326,37 @@ async def test_a_lease_past_its_time_to_live_is_killed() -> None:
             await healthy(box)
 
 
+DRIVER = f"""
+import asyncio
+from art_ray.sandbox import SandboxLimits, SandboxPool
+from art_ray.sandbox.namespaces import NamespaceBackend
+
+async def main():
+    pool = SandboxPool(slots=2, limits=SandboxLimits(wall_s=60), backend=NamespaceBackend({FIRST_UID}))
+    await pool.start()
+    async with pool.lease(ttl_s=600) as box:
+        await box.run("setsid sh -c 'sleep 1000 &' > /dev/null 2>&1 < /dev/null")
+        print("ready", flush=True)
+        await box.run("sleep 1000")
+
+asyncio.run(main())
+"""
+
+
+def test_a_driver_killed_mid_rollout_leaves_nothing_behind() -> None:
+    """SIGKILL runs no cleanup: the slots die with the driver (PR_SET_PDEATHSIG; their request pipes end)."""
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1]
+    )
+    try:
+        assert driver.stdout.readline() == "ready\n"
+        assert len(sandbox_processes()) >= 3  # the two slots' inits and the daemon
+    finally:
+        driver.kill()
+        driver.wait()
+    # the autouse fixture then checks that every process of the slots' uids is gone
+
+
 async def test_files_and_reset() -> None:
     async with pool() as sandboxes, sandboxes.lease() as box:
         await box.write_file("src/a.txt", "hello")
@@ -350,3 +386,17 @@ async def test_hidden_tests_score_passed_failed_and_infra_error() -> None:
     assert (passed.status, passed.reward) == ("passed", 1.0)
     assert (failed.status, failed.reward) == ("failed", 0.0)
     assert (infra.status, infra.reward) == ("infra_error", None)
+
+
+def test_the_guide_example_runs() -> None:
+    """docs/guides/sandboxes.md's example, as a user would run it (the default backend and uids)."""
+    page = (Path(__file__).parents[1] / "docs" / "guides" / "sandboxes.md").read_text()
+    example = page.split("```python\n", 1)[1].split("```", 1)[0]
+    completed = subprocess.run(
+        [sys.executable, "-c", example],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).parents[1],
+    )
+    assert completed.stdout.split("\n") == ["5 0", "True", "passed 1.0", ""], completed.stderr[-2000:]

@@ -528,6 +528,7 @@ def slot_init(config: dict) -> None:
         for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(number, signal.SIG_IGN)
         seccomp = Seccomp()
+        sys.path.extend(config["site_packages"])
     except Exception:
         traceback.print_exc()
         os._exit(1)
