@@ -25,7 +25,8 @@ class Sandbox:
 
     def __init__(self, slot: SandboxSlot, limits: SandboxLimits) -> None:
         self.slot, self.limits = slot, limits
-        self.expired = False
+        self.expired = self.released = False
+        self.expiry: asyncio.TimerHandle | None = None
 
     def _live(self) -> SandboxSlot:
         if self.expired:
@@ -133,7 +134,7 @@ class SandboxPool:
     def waiting(self) -> int:
         return sum(not waiter.done() for waiter in self.waiters)
 
-    async def _acquire(self) -> SandboxSlot:
+    async def _wait_for_slot(self) -> SandboxSlot:
         if self.closed:
             raise SandboxError("the pool is closed")
         if self.idle and not self.waiting:
@@ -184,16 +185,28 @@ class SandboxPool:
             self._hand_over(slot)
             return
 
+    async def acquire(self, ttl_s: float | None = None) -> Sandbox:
+        """The first half of `lease`, for a holder that cannot keep an `async with` open across its calls
+        (a Ray actor serving a lease call by call): each acquire needs its `release`."""
+        box = Sandbox(await self._wait_for_slot(), self.limits)
+        if ttl_s:
+            box.expiry = asyncio.get_running_loop().call_later(ttl_s, box._expire)
+        return box
+
+    async def release(self, box: Sandbox) -> None:
+        if box.released:
+            return
+        box.released = True
+        if box.expiry is not None:
+            box.expiry.cancel()
+        await self._release(box.slot)
+
     @contextlib.asynccontextmanager
     async def lease(self, ttl_s: float | None = None) -> AsyncIterator[Sandbox]:
         """A sandbox for one rollout; waits its turn (FIFO). After `ttl_s` its processes are killed and its
         calls raise LeaseExpired. On exit it is reset (or replaced) for the next lease."""
-        slot = await self._acquire()
-        box = Sandbox(slot, self.limits)
-        expiry = asyncio.get_running_loop().call_later(ttl_s, box._expire) if ttl_s else None
+        box = await self.acquire(ttl_s)
         try:
             yield box
         finally:
-            if expiry is not None:
-                expiry.cancel()
-            await self._release(slot)
+            await self.release(box)
