@@ -33,13 +33,13 @@ FIRST_UID = 170000  # not the default 100000: a bench or a demo on the box may h
 LIMITS = SandboxLimits(wall_s=3, cpu_s=5, memory_mb=256, processes=16, output_bytes=4096, workspace_mb=16)
 
 
-def sandbox_processes() -> list[int]:
-    """Host pids of live processes owned by a slot uid of these tests. Zombies do not count: a slot whose
-    parent died first is reaped by the host's pid 1, at its own pace (~2 s on this box)."""
+def sandbox_processes(first_uid: int = FIRST_UID) -> list[int]:
+    """Host pids of live processes owned by slot uids from `first_uid` on. Zombies do not count: a slot
+    whose parent died first is reaped by the host's pid 1, at its own pace (~2 s on this box)."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            if not entry.name.isdigit() or not FIRST_UID <= entry.stat().st_uid < FIRST_UID + 64:
+            if not entry.name.isdigit() or not first_uid <= entry.stat().st_uid < first_uid + 64:
                 continue
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except (FileNotFoundError, ProcessLookupError):
@@ -213,9 +213,13 @@ async def test_an_output_flood_is_capped_while_read(backend: str) -> None:
 
 async def test_endless_loop_and_long_sleep_time_out(backend: str) -> None:
     async with pool(backend=backend) as sandboxes, sandboxes.lease() as box:
-        for run in (box.python("while True:\n    pass", timeout_s=1), box.run("sleep 1e9", timeout_s=1)):
+        for run in (
+            box.python("print('started', flush=True)\nwhile True:\n    pass", timeout_s=1),
+            box.run("echo started; sleep 1e9", timeout_s=1),
+        ):
             result = await run
             assert result.timed_out and result.exit_code is None and result.duration_s < 1.5
+            assert result.stdout == "started\n"  # what it wrote before it was killed
         await healthy(box)
 
 

@@ -116,7 +116,7 @@ def read_frame(fd: int) -> dict:
 
 
 def write_frame(fd: int, message: dict) -> None:
-    data = json.dumps(message).encode()
+    data = json.dumps(message, ensure_ascii=False).encode()  # output cut to the cap stays near it
     view = memoryview(struct.pack(">I", len(data)) + data)
     while view:
         view = view[os.write(fd, view) :]
@@ -364,11 +364,12 @@ class Capture:
     def __init__(self, fd: int, cap: int) -> None:
         self.fd, self.cap, self.kept, self.total = fd, cap, bytearray(), 0
 
-    def read(self) -> bool:
+    def read(self) -> bool | None:
+        """True: read some; False: the end (every writer closed it); None: nothing to read now."""
         try:
             data = os.read(self.fd, CHUNK)
         except BlockingIOError:
-            return True
+            return None
         if data:
             self.total += len(data)
             room = self.cap - len(self.kept)
@@ -435,12 +436,15 @@ def execute(request: dict, config: dict, seccomp: Seccomp, control: int) -> dict
         if control in ready:  # the pool closed the pipe: it is gone, and so is this slot
             os._exit(0)
         for fd in ready:
-            if fd in open_fds and not captures[fd].read():
+            if fd in open_fds and captures[fd].read() is False:
                 open_fds.discard(fd)
         if exited in ready:
             status = os.waitpid(child, 0)[1]
     if timed_out:
         kill_everything_but_me()
+        for fd in open_fds:  # what the pipes still hold; every writer is dead, so this ends
+            while captures[fd].read():
+                pass
     else:  # what the program wrote before it ended; processes it left behind may keep the pipes open
         drain_until = time.monotonic() + DRAIN_AFTER_EXIT_S
         while open_fds and time.monotonic() < drain_until:
