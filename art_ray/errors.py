@@ -55,3 +55,21 @@ class PortInUseError(ArtRayError, RuntimeError):
             "unset to have a free one taken."
         )
         self.host, self.port, self.holder = host, port, holder
+
+
+class SandboxError(ArtRayError, RuntimeError):
+    """The sandbox's own machinery failed (a slot died, a pipe broke, a lease expired): not the model's
+    fault. A reward computed from it is not a score: drop the sample from training instead of scoring 0."""
+
+
+class SandboxBusy(SandboxError):
+    """Every slot is leased and the waiting line is full; try again later or make the pool larger."""
+
+
+class LeaseExpired(SandboxError):
+    """The lease outlived its time to live: its processes were killed and its slot is being replaced."""
+
+
+class SandboxFileError(ArtRayError, ValueError):
+    """A file operation the sandbox refused for the caller's (the model's) reason: no such file, a
+    read-only path, a file over the size limit. The sandbox itself is fine."""

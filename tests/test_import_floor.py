@@ -77,3 +77,13 @@ def test_every_lazy_name_is_what_it_names_after_its_module_loaded() -> None:
     )
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr[-2000:]
+
+
+def test_the_sandbox_package_loads_no_heavy_package() -> None:
+    """A rollout process or a reward function leases sandboxes without torch or ray (the Ray host actor,
+    art_ray/sandbox/host.py, is the one module that imports ray)."""
+    loaded = top_level_modules_after(
+        "from art_ray.sandbox import SandboxLimits, SandboxPool, run_tests\n"
+        "SandboxLimits(); SandboxPool(slots=1)"
+    )
+    assert not loaded & HEAVY, sorted(loaded & HEAVY)
