@@ -9,12 +9,43 @@ on CPU it is float32 and the AdamW steps the adapter itself. The process group's
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import socket
 from typing import TYPE_CHECKING, Any, Literal
 
 from art_ray.trainer.config import TrainerConfig
 
 if TYPE_CHECKING:
     import torch
+
+
+def init_loopback_process_group(dist_backend: str) -> None:
+    """The process group of ranks on one machine whose rendezvous is loopback (an embedded cluster), with
+    its store listening on loopback too: torch's TCPStore binds every interface unless it is handed a
+    socket already bound, so rank 0 binds one to the rendezvous port on 127.0.0.1 and passes it on."""
+    import datetime
+
+    import torch.distributed
+
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    listener = None
+    if rank == 0:
+        listener = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((address, port))
+        listener.listen()
+    store = torch.distributed.TCPStore(
+        address,
+        port,
+        world_size,
+        is_master=rank == 0,
+        timeout=datetime.timedelta(minutes=30),  # torch's default for process groups
+        # the store owns the socket from here on (detach: Python would close it when collected)
+        master_listen_fd=listener.detach() if listener is not None else None,
+    )
+    torch.distributed.init_process_group(dist_backend, store=store, rank=rank, world_size=world_size)
 
 
 def skip_shared_memory_allreduce() -> None:
@@ -85,6 +116,8 @@ def build_engine(config: TrainerConfig, bf16: bool, dist_backend: Literal["nccl"
     )
     if dist_backend == "gloo":
         skip_shared_memory_allreduce()
+    if ipaddress.ip_address(os.environ["MASTER_ADDR"]).is_loopback:
+        init_loopback_process_group(dist_backend)  # DeepSpeed takes a process group already made
     deepspeed.init_distributed(dist_backend=dist_backend)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(config, bf16))
     return engine
