@@ -17,7 +17,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "faults.py"
 
 def test_a_run_survives_the_death_of_every_kind_of_actor(tmp_path) -> None:
     run = subprocess.run(
-        [sys.executable, str(BENCH), "--steps=6", f"--storage={tmp_path}"],
+        [sys.executable, str(BENCH), "--steps=5", f"--storage={tmp_path}"],
         capture_output=True,
         text=True,
         timeout=1200,

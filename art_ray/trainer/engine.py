@@ -28,6 +28,8 @@ def init_loopback_process_group(dist_backend: str) -> None:
 
     import torch.distributed
 
+    if torch.distributed.is_initialized():  # a second engine in the same process joins the first's group
+        return
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     listener = None
