@@ -33,12 +33,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(ROOT / "examples" / "online"))
 
 from common import free_port, median, print_result, print_table, start_local_ray  # noqa: E402
+from serve_and_learn import online_trainer  # noqa: E402
 from users import MAX_TOKENS, Population, Traffic, serve_population, utility  # noqa: E402
 
 from art_ray import (  # noqa: E402
     LoRASpec,
     ModelConfig,
-    OnlineTrainConfig,
     OnlineTrainer,
     RayBackend,
     ReleasePolicy,
@@ -83,7 +83,7 @@ def arm_model(arm: str, seed: int, args: argparse.Namespace) -> TrainableModel:
             replica_cpus=0,
             trainer_cpus_per_rank=0,
             share_trainer=True,  # the arms take turns on one trainer, as tenants of a deployment do
-            traffic=TrafficConfig(mature_after_s=120, flush_s=10) if arm != "frozen" else None,
+            traffic=TrafficConfig(mature_after_s=120, flush_s=10),  # the frozen arm's too: its users score it
             release=gates,
         ),
     )
@@ -178,12 +178,7 @@ async def one_seed(backend: RayBackend, seed: int, args: argparse.Namespace) -> 
     for arm in arms:
         await arm.model.register(backend)
         if arm.name != "frozen":
-            train = TrainConfig(
-                learning_rate=args.learning_rate, scale_rewards=False, truncated_importance_sampling=2.0
-            )
-            arm.trainer = OnlineTrainer(
-                arm.model, OnlineTrainConfig(min_turns=args.min_turns, poll_s=2.0, train=train)
-            )
+            arm.trainer = online_trainer(arm.model, args)  # the example's
     started = time.monotonic()
 
     def clock() -> float:
