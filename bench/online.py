@@ -10,10 +10,10 @@ so, and thumb a share of replies late, 10% flipped, 5% of them sycophants):
 In each learning arm, one bad version is published like any other at --bad-at-min: one step trained on the
 arm's own kind of requests with the preference reversed (reward 1 - utility) at --bad-lr. Reported per
 arm: served true utility per minute and its lift over the frozen arm, the thumbs-up rate beside it, the
-bad version's exposure (seconds from its first request to its rollback or replacement, the share of
-requests in that time that saw it) and the rollbacks of other versions. The arms run in the same
-invocation, so they share the box's load. Last line: {"bench": "online", "lift": {arm: ...}, ...},
-medians over --seeds.
+bad version's exposure (seconds from its first request to its rollback or replacement, else to the
+end of traffic, and the share of requests in that time that saw it) and the rollbacks of other
+versions. The arms run in the same invocation, so they share the box's load. Last line: {"bench":
+"online", "lift": {arm: ...}, ...}, medians over --seeds.
 """
 
 from __future__ import annotations
@@ -305,9 +305,10 @@ def main() -> None:
                             [r["bad_share"] for r in per_seed if r["bad_share"] is not None] or [float("nan")]
                         ),
                         sum(r["rollbacks_of_others"] for r in per_seed),
+                        f"{sum(bool(r.get('bad_ended')) for r in per_seed)}/{len(per_seed)}",
                     ]
                     if arm != "frozen"
-                    else ["", "", ""]
+                    else ["", "", "", ""]
                 ),
             ]
         )
@@ -323,6 +324,7 @@ def main() -> None:
             "bad version served (s)",
             "bad share",
             "other rollbacks",
+            "bad ended (seeds)",  # rolled back (gated) or replaced (ungated) before traffic ended
         ],
         rows,
     )
@@ -336,6 +338,7 @@ def main() -> None:
             "bad_seconds": {row[0]: row[6] for row in rows if row[0] != "frozen"},
             "bad_share": {row[0]: row[7] for row in rows if row[0] != "frozen"},
             "other_rollbacks": {row[0]: row[8] for row in rows if row[0] != "frozen"},
+            "bad_ended": {row[0]: row[9] for row in rows if row[0] != "frozen"},
             "per_seed": results,
         }
     )
