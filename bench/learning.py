@@ -50,6 +50,9 @@ sys.path.insert(0, str(ROOT / "examples"))
 from common import free_port, print_result, print_table  # noqa: E402
 
 HELD_OUT = {"code_math": 128, "email_agent": 64}
+# The system name of a run whose choices trained as if sampled at temperature 1 (`--trained-at one`): how
+# every version before issue 46 trained, kept here to measure the fix against in the same invocation.
+AS_IF_ONE = "art-ray (as if T=1)"
 # held-out evaluations of the email agent are multi-turn and cost more: fewer of them
 EVAL_EVERY = {"code_math": 1.5, "email_agent": 3.0}
 
@@ -113,8 +116,31 @@ def settings(task, args: argparse.Namespace) -> argparse.Namespace:  # noqa: ANN
     return defaults
 
 
-async def art_ray_curve(backend, task, seed: int, args: argparse.Namespace) -> dict:  # noqa: ANN001
-    """One fresh model trained for the budget; held-out correctness at each evaluation."""
+def as_if_sampled_at_one(rollout):  # noqa: ANN001, ANN201
+    """`rollout`, its choices' recorded temperature rewritten to 1: the trainer then computes every logprob
+    (new, old and the reference's) of the temperature-1 policy, as art-ray did before it used the sampling
+    temperature. Old logprobs must be the trainer's (precalculated): the engine's are at the sampled T."""
+    from openai.types.chat.chat_completion import Choice
+
+    from art_ray.sampling import CHOICE_KEY
+
+    async def at_one(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        trajectory = await rollout(*args, **kwargs)
+        for history in trajectory.histories():
+            for item in history.messages_and_choices:
+                extra = item.model_extra if isinstance(item, Choice) else None
+                if extra and CHOICE_KEY in extra:
+                    extra[CHOICE_KEY] = {**extra[CHOICE_KEY], "temperature": 1.0}
+        return trajectory
+
+    return at_one
+
+
+async def art_ray_curve(  # noqa: ANN001
+    backend, task, seed: int, args: argparse.Namespace, as_if_one: bool = False
+) -> dict:
+    """One fresh model trained for the budget; held-out correctness at each evaluation. `as_if_one`: its
+    training choices train as if sampled at temperature 1 (evaluation is greedy either way)."""
     import random
 
     from loop import evaluate, gather_and_train, task_model_config
@@ -122,8 +148,11 @@ async def art_ray_curve(backend, task, seed: int, args: argparse.Namespace) -> d
     from art_ray import TrainableModel
 
     run = settings(task, args)
+    if as_if_one:
+        task = dataclasses.replace(task, rollout=as_if_sampled_at_one(task.rollout))
+        run.train_config = run.train_config.model_copy(update={"precalculate_logprobs": True})
     model = TrainableModel(
-        name=run_name(task, seed),
+        name=run_name(task, seed) + ("-as-if-t1" if as_if_one else ""),
         project="bench-learning",
         base_model=args.model,
         config=task_model_config(task, run.lora_rank, seed=seed),
@@ -169,7 +198,7 @@ async def art_ray_curve(backend, task, seed: int, args: argparse.Namespace) -> d
     steps = await model.get_step()
     return {
         "name": model.name,
-        "system": "art-ray",
+        "system": AS_IF_ONE if as_if_one else "art-ray",
         "task": task.name,
         "seed": seed,
         "steps": steps,
@@ -204,15 +233,18 @@ async def art_ray_runs(
     backend,
     free_trainer: Callable[[str], None],  # noqa: ANN001
 ) -> list[dict]:
-    """Every task and seed on one backend (the engine starts once); each run's trainer is freed after it."""
+    """Every task, seed and arm on one backend (the engine starts once); each run's trainer is freed after
+    it. The arms of a seed run one after the other, so a change in the box's speed meets both."""
+    arms = {"sampled": [False], "one": [True], "both": [False, True]}[args.trained_at]
     runs = []
     for task in tasks:
         for seed in args.seeds:
-            started = time.perf_counter()
-            run = await art_ray_curve(backend, task, seed, args)
-            run["wall_s"] = time.perf_counter() - started
-            runs.append(run)
-            free_trainer(run["name"])  # the next run's trainer takes its place
+            for as_if_one in arms:
+                started = time.perf_counter()
+                run = await art_ray_curve(backend, task, seed, args, as_if_one=as_if_one)
+                run["wall_s"] = time.perf_counter() - started
+                runs.append(run)
+                free_trainer(run["name"])  # the next run's trainer takes its place
     print(f"MLflow: {backend.tracking_uri} (experiment bench-learning)", flush=True)
     return runs
 
@@ -268,7 +300,13 @@ def plot(runs: list[dict], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     curves = sorted({(r["system"], r["task"]) for r in runs})
-    colours = dict(zip(curves, ["tab:blue", "tab:orange", "tab:green", "tab:red"], strict=False))
+    colours = dict(
+        zip(
+            curves,
+            ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"],
+            strict=False,
+        )
+    )
     figure, axes = plt.subplots(figsize=(7, 4.2), dpi=100)
     for key in curves:
         group = [r for r in runs if (r["system"], r["task"]) == key]
@@ -335,6 +373,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="art-ray's KL penalty against the base model (default: the example's)",
     )
+    parser.add_argument(
+        "--trained-at",
+        choices=["sampled", "one", "both"],
+        default="sampled",
+        help="art-ray's choices train at the temperature they were sampled at, or as if at 1 (as before "
+        "issue 46; old logprobs precalculated), or both arms per seed (headline keys <task>_as_if_t1_*)",
+    )
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--plot", type=Path, default=None, help="the PNG (default docs/learning_curves.png)")
     parser.add_argument(
@@ -381,7 +426,7 @@ def summarize(runs: list[dict], args: argparse.Namespace) -> dict:
     )
     for system, task in sorted({(r["system"], r["task"]) for r in runs}):
         group = [r for r in runs if (r["system"], r["task"]) == (system, task)]
-        prefix = task if system == "art-ray" else system
+        prefix = {"art-ray": task, AS_IF_ONE: f"{task}_as_if_t1"}.get(system, system)
         base = statistics.median(r["points"][0]["correct"] for r in group)
         final = statistics.median(r["points"][-1]["correct"] for r in group)
         n = group[0]["points"][-1]["n"]

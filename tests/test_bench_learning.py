@@ -40,6 +40,28 @@ def test_the_same_held_out_items_for_every_run() -> None:
     assert learning.held_out_items("code_math", 128)[:12] == list(example.val_scenarios)
 
 
+async def test_the_as_if_one_arm_trains_its_choices_at_temperature_one_and_keeps_the_rest() -> None:
+    from factories import served_choice
+
+    from art_ray import Trajectory
+    from art_ray.trajectories import History, sampled_tokens
+
+    def sampled(temperature: float):  # noqa: ANN202
+        return served_choice(sampling_params={"temperature": temperature, "top_p": 0.9, "max_tokens": 8})
+
+    async def rollout(scenario: str, temperature: float) -> Trajectory:
+        return Trajectory(
+            messages_and_choices=[{"role": "user", "content": scenario}, sampled(temperature)],
+            additional_histories=[History(messages_and_choices=[sampled(temperature)])],
+            reward=1.0,
+        )
+
+    trajectory = await learning.as_if_sampled_at_one(rollout)("q", 0.5)
+    choices = [history.messages_and_choices[-1] for history in trajectory.histories()]
+    assert [sampled_tokens(choice).temperature for choice in choices] == [1.0, 1.0]
+    assert {sampled_tokens(choice).sampling_params.top_p for choice in choices} == {0.9}
+
+
 @pytest.mark.slow
 async def test_the_short_form_trains_both_systems_and_reports_every_figure(smollm2_model, tmp_path) -> None:
     """art-ray on the session's SmolLM2 backend (its engine serves that model), TRL on the tiny model (the
