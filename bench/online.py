@@ -165,12 +165,7 @@ def exposure(arm: Arm) -> dict:
 
 
 def minute_means(traffic: Traffic, minutes: int, attribute: str) -> list[float]:
-    means = []
-    for minute in range(minutes):
-        values = [getattr(r, attribute) for r in traffic.window(minute * 60, (minute + 1) * 60)]
-        values = [value for value in values if value is not None]
-        means.append(statistics.fmean(values) if values else float("nan"))
-    return means
+    return [traffic.mean(attribute, minute * 60, (minute + 1) * 60) for minute in range(minutes)]
 
 
 async def one_seed(backend: RayBackend, seed: int, args: argparse.Namespace) -> dict:
@@ -224,9 +219,7 @@ async def one_seed(backend: RayBackend, seed: int, args: argparse.Namespace) -> 
     frozen = statistics.fmean(r.utility for r in arms[0].traffic.served)
     for arm in arms:
         curve = minute_means(arm.traffic, minutes, "utility")
-        last = statistics.fmean(
-            r.utility for r in arm.traffic.window((minutes - args.last_min) * 60, minutes * 60)
-        )
+        last = arm.traffic.mean("utility", (minutes - args.last_min) * 60, minutes * 60)
         thumbs = [r.thumb for r in arm.traffic.served if r.thumb is not None]
         release = (await arm.model.release()).release if arm.model.config.release is not None else None
         rejected = release.rejected if release is not None else ()

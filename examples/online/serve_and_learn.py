@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import json
 import random
-import statistics
 import sys
 from pathlib import Path
 
@@ -66,10 +65,6 @@ def online_trainer(model: TrainableModel, args: argparse.Namespace) -> OnlineTra
     return OnlineTrainer(model, OnlineTrainConfig(min_turns=args.min_turns, poll_s=2.0, train=train))
 
 
-def mean(values: list[float]) -> float:
-    return statistics.fmean(values) if values else float("nan")
-
-
 async def report(model: TrainableModel, traffic: Traffic, minutes: int, done: asyncio.Event) -> None:
     """A row a minute: what the users saw in it, the trained step, the release."""
     header = f"{'minute':>6}  {'requests':>8}  {'utility':>7}  {'thumbs up':>9}  {'step':>4}  release"
@@ -77,12 +72,11 @@ async def report(model: TrainableModel, traffic: Traffic, minutes: int, done: as
     for minute in range(minutes):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(done.wait(), timeout=60)
-        seen = traffic.window(minute * 60, (minute + 1) * 60)
+        start, end = minute * 60, (minute + 1) * 60
         state = (await model.release()).release if model.config.release else None
-        thumbs = [reply.thumb for reply in seen if reply.thumb is not None]
-        utility = mean([reply.utility for reply in seen])
+        utility, thumbs = traffic.mean("utility", start, end), traffic.mean("thumb", start, end)
         print(
-            f"{minute + 1:>6}  {len(seen):>8}  {utility:>7.3f}  {mean(thumbs):>9.3f}  "
+            f"{minute + 1:>6}  {len(traffic.window(start, end)):>8}  {utility:>7.3f}  {thumbs:>9.3f}  "
             f"{await model.get_step():>4}  {describe(state) if state else 'no gates'}",
             flush=True,
         )
@@ -115,8 +109,8 @@ async def main(args: argparse.Namespace) -> dict:
     result = {
         "example": "online",
         "gates": not args.no_gates,
-        "first_utility": round(mean([r.utility for r in traffic.window(0, 60)]), 3),
-        "last_utility": round(mean([r.utility for r in traffic.window(last - 60, last + 1)]), 3),
+        "first_utility": round(traffic.mean("utility", 0, 60), 3),
+        "last_utility": round(traffic.mean("utility", last - 60, last + 1), 3),
         "requests": len(traffic.served),
         "steps": await model.get_step(),
         "turns_trained": sum(r.grouping.trajectories for r in trainer.reports),

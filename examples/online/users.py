@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -110,6 +111,12 @@ class Traffic:
 
     def window(self, start_s: float, end_s: float) -> list[Served]:
         return [reply for reply in self.served if start_s <= reply.at_s < end_s]
+
+    def mean(self, attribute: str, start_s: float, end_s: float) -> float:
+        """The mean of `attribute` ("utility", "thumb") over the window's replies having one (NaN: none)."""
+        values = [getattr(reply, attribute) for reply in self.window(start_s, end_s)]
+        present = [value for value in values if value is not None]
+        return statistics.fmean(present) if present else float("nan")
 
 
 async def serve_population(
