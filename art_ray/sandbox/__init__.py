@@ -15,11 +15,14 @@ from art_ray.errors import LeaseExpired, SandboxBusy, SandboxError, SandboxFileE
 from art_ray.sandbox.backend import SandboxBackend, SandboxSlot
 from art_ray.sandbox.grading import TestOutcome, run_tests
 from art_ray.sandbox.pool import Sandbox, SandboxPool
-from art_ray.sandbox.types import ExecResult, SandboxLimits
+from art_ray.sandbox.tools import SANDBOX_TOOLS, SandboxTools
+from art_ray.sandbox.types import ExecResult, LeasedSandbox, SandboxLimits
 
 __all__ = [
+    "SANDBOX_TOOLS",
     "ExecResult",
     "LeaseExpired",
+    "LeasedSandbox",
     "Sandbox",
     "SandboxBackend",
     "SandboxBusy",
@@ -28,6 +31,7 @@ __all__ = [
     "SandboxLimits",
     "SandboxPool",
     "SandboxSlot",
+    "SandboxTools",
     "TestOutcome",
     "run_tests",
 ]

@@ -9,8 +9,7 @@ from typing import Literal
 import pydantic
 
 from art_ray.errors import SandboxError
-from art_ray.sandbox.pool import Sandbox
-from art_ray.sandbox.types import ExecResult
+from art_ray.sandbox.types import ExecResult, LeasedSandbox
 
 
 class TestOutcome(pydantic.BaseModel):
@@ -27,7 +26,7 @@ class TestOutcome(pydantic.BaseModel):
 
 
 async def run_tests(
-    box: Sandbox, files: dict[str, str | bytes], command: str, timeout_s: float | None = None
+    box: LeasedSandbox, files: dict[str, str | bytes], command: str, timeout_s: float | None = None
 ) -> TestOutcome:
     """Write `files` (path -> content) into the box, run `command`; passed when it exits 0 in time."""
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import pydantic
 
 
@@ -43,3 +45,22 @@ class ExecResult(pydantic.BaseModel):
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out
+
+
+class LeasedSandbox(Protocol):
+    """What a lease hands out, whether the pool is in this process (`Sandbox`) or on Ray
+    (`RemoteSandbox`): the calls tools and graders make."""
+
+    async def run(
+        self, command: str, timeout_s: float | None = None, stdin: str | None = None
+    ) -> ExecResult: ...
+
+    async def python(
+        self, code: str, timeout_s: float | None = None, stdin: str | None = None
+    ) -> ExecResult: ...
+
+    async def write_file(self, path: str, data: str | bytes) -> None: ...
+
+    async def read_file(self, path: str) -> bytes: ...
+
+    async def list_dir(self, path: str = ".") -> list[str]: ...

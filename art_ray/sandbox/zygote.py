@@ -337,6 +337,7 @@ def run_child(request: dict, fds: tuple[int, int, int], config: dict, seccomp: S
         os.environ.clear()
         os.environ.update(environment)
         sys.argv = ["main.py"]
+        sys.path.insert(0, "/workspace")  # as `python main.py` there: the workspace's modules import
         code = 0
         try:
             exec(compile(request["python"], "main.py", "exec"), {"__name__": "__main__"})
