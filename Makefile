@@ -23,7 +23,7 @@ ifeq ($(DEVICE),cpu)
 	$(PIP) install --quiet "torch==2.13.0"
 endif
 	# uv resolves and downloads the rest in seconds where pip takes minutes (same versions); pip if uv fails.
-	$(UV) install --python $(PY) --quiet -e ".[$(DEVICE),dev,docs,art,frameworks,tinker]" || $(PIP) install --quiet -e ".[$(DEVICE),dev,docs,art,frameworks,tinker]"
+	$(UV) install --python $(PY) --quiet -e ".[$(DEVICE),dev,docs,art,frameworks,mcp,tinker]" || $(PIP) install --quiet -e ".[$(DEVICE),dev,docs,art,frameworks,mcp,tinker]"
 	# tinker-cookbook, whose loops the Tinker API's tests run. --no-deps: it lists tml-renderers >= 0.4.1, which
 	# the package index here lacks and the cookbook imports only for models art-ray does not serve; the rest
 	# of its dependencies that the extras above leave out are pinned here, with its math-rl extra (the

@@ -85,3 +85,28 @@ async def test_a_dead_slot_raises_instead_of_answering() -> None:
         box.slot.kill()
         with pytest.raises(SandboxError):
             await SandboxTools(box).call("bash", {"command": "echo hi"})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the per-slot uids need root")
+async def test_the_mcp_server_lists_and_calls_the_same_tools() -> None:
+    from mcp import Client
+    from mcp.shared.exceptions import MCPError
+
+    from art_ray.sandbox.mcp_server import sandbox_mcp_server
+
+    async with (
+        SandboxPool(1, LIMITS, NamespaceBackend(FIRST_UID)) as pool,
+        pool.lease(ttl_s=60) as box,
+        Client(sandbox_mcp_server(SandboxTools(box))) as client,
+    ):
+        listed = (await client.list_tools()).tools
+        assert [tool.name for tool in listed] == ["bash", "python", "str_replace_editor"]
+        assert listed[0].input_schema == SANDBOX_TOOLS[0]["function"]["parameters"]
+        result = await client.call_tool("bash", {"command": "echo hi > f.txt; cat f.txt"})
+        assert (result.is_error, result.content[0].text) == (False, "exit code 0\nstdout:\nhi\n")
+        assert await box.read_file("f.txt") == b"hi\n"
+        wrong = await client.call_tool("str_replace_editor", {"command": "view", "path": "missing.txt"})
+        assert wrong.is_error and wrong.content[0].text.startswith("error:")
+        box.slot.kill()  # the sandbox fails: an MCP error, not a tool answer
+        with pytest.raises(MCPError, match="the sandbox failed"):
+            await client.call_tool("bash", {"command": "echo hi"})

@@ -115,6 +115,18 @@ def describe(result: ExecResult) -> str:
     return shortened("\n".join(parts))
 
 
+class ToolAnswer(pydantic.BaseModel):
+    """What a tool call answers: the tool message's content, and whether it reports the model's mistake
+    (MCP's `is_error`: the call was wrong, the sandbox is fine)."""
+
+    content: str
+    is_error: bool = False
+
+
+def mistake(message: str) -> ToolAnswer:
+    return ToolAnswer(content=f"error: {message}", is_error=True)
+
+
 class SandboxTools:
     """The tools on one leased box; `schemas` go in the request's `tools`, `call` answers a tool call."""
 
@@ -125,64 +137,72 @@ class SandboxTools:
 
     async def call(self, name: str, arguments: str | dict[str, Any]) -> str:
         """The tool message's content for a call of `name` with `arguments` (the call's JSON string)."""
+        return (await self.answer(name, arguments)).content
+
+    async def answer(self, name: str, arguments: str | dict[str, Any]) -> ToolAnswer:
+        """`call`'s answer, with whether it is the model's mistake; raises SandboxError when the sandbox
+        failed."""
         kind = TOOL_CALLS.get(name)
         if kind is None:
-            return f"error: no tool named {name!r}; the tools are {', '.join(TOOL_CALLS)}"
+            return mistake(f"no tool named {name!r}; the tools are {', '.join(TOOL_CALLS)}")
         try:
             parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
             call = kind.model_validate(parsed)
         except ValueError as error:  # not JSON, or pydantic's ValidationError
-            return f"error: bad arguments for {name}: {_first_line(error)}"
+            return mistake(f"bad arguments for {name}: {_first_line(error)}")
         try:
             if isinstance(call, BashCall):
-                return describe(await self.box.run(call.command, call.timeout_s))
+                return ToolAnswer(content=describe(await self.box.run(call.command, call.timeout_s)))
             if isinstance(call, PythonCall):
-                return describe(await self.box.python(call.code, call.timeout_s))
-            return await self._edit(call)  # type: ignore[arg-type]
+                return ToolAnswer(content=describe(await self.box.python(call.code, call.timeout_s)))
+            assert isinstance(call, EditorCall)
+            return await self._edit(call)
         except SandboxFileError as error:
-            return f"error: {error}"
+            return mistake(str(error))
 
-    async def _edit(self, call: EditorCall) -> str:
+    async def _edit(self, call: EditorCall) -> ToolAnswer:
         if call.command == "create":
             if call.file_text is None:
-                return "error: create needs file_text"
+                return mistake("create needs file_text")
             await self.box.write_file(call.path, call.file_text)
-            return f"created {call.path} ({len(call.file_text)} characters)"
+            return ToolAnswer(content=f"created {call.path} ({len(call.file_text)} characters)")
         if call.command == "view":
             return await self._view(call)
         text = (await self.box.read_file(call.path)).decode("utf-8", "replace")
         if call.command == "str_replace":
             if call.old_str is None:
-                return "error: str_replace needs old_str"
+                return mistake("str_replace needs old_str")
             count = text.count(call.old_str)
             if count != 1:
                 where = "not found" if count == 0 else f"found {count} times; add context to make it unique"
-                return f"error: old_str {where} in {call.path}"
+                return mistake(f"old_str {where} in {call.path}")
             await self.box.write_file(call.path, text.replace(call.old_str, call.new_str or "", 1))
-            return f"edited {call.path}"
+            return ToolAnswer(content=f"edited {call.path}")
         lines = text.splitlines(keepends=True)
         if call.insert_line is None or call.new_str is None:
-            return "error: insert needs insert_line and new_str"
+            return mistake("insert needs insert_line and new_str")
         if call.insert_line > len(lines):
-            return f"error: insert_line {call.insert_line} is past the end ({len(lines)} lines)"
+            return mistake(f"insert_line {call.insert_line} is past the end ({len(lines)} lines)")
         new = call.new_str if call.new_str.endswith("\n") else call.new_str + "\n"
         lines.insert(call.insert_line, new)
         await self.box.write_file(call.path, "".join(lines))
-        return f"inserted {new.count(chr(10))} line(s) after line {call.insert_line} of {call.path}"
+        return ToolAnswer(
+            content=f"inserted {new.count(chr(10))} line(s) after line {call.insert_line} of {call.path}"
+        )
 
-    async def _view(self, call: EditorCall) -> str:
+    async def _view(self, call: EditorCall) -> ToolAnswer:
         try:
             data = await self.box.read_file(call.path)
         except SandboxFileError:
             entries = await self.box.list_dir(call.path)  # a directory, or the caller's error again
-            return shortened("\n".join(sorted(entries)) or "(empty directory)")
+            return ToolAnswer(content=shortened("\n".join(sorted(entries)) or "(empty directory)"))
         lines = data.decode("utf-8", "replace").splitlines()
         first, last = call.view_range or (1, -1)
         last = len(lines) if last == -1 else min(last, len(lines))
         if first < 1 or first > max(1, last):
-            return f"error: view_range {call.view_range} is outside the file's {len(lines)} lines"
+            return mistake(f"view_range {call.view_range} is outside the file's {len(lines)} lines")
         numbered = (f"{number:6}\t{line}" for number, line in enumerate(lines[first - 1 : last], first))
-        return shortened("\n".join(numbered))
+        return ToolAnswer(content=shortened("\n".join(numbered)))
 
 
 def _first_line(error: Exception) -> str:
