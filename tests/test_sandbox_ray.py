@@ -11,7 +11,7 @@ import time
 import pytest
 
 from art_ray.errors import SandboxError, SandboxFileError
-from art_ray.sandbox import SandboxLimits
+from art_ray.sandbox import SandboxLimits, SandboxTools
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the per-slot uids need root")
 
@@ -36,6 +36,11 @@ async def test_a_host_serves_leases_in_order_and_reaps_an_abandoned_one(ray_clus
             assert await box.read_file("a.txt") == b"hello"
             assert (await box.run("cat a.txt")).stdout == "hello"
             assert (await box.python("print(6 * 7)")).stdout == "42\n"
+            # the agent tools take a box on Ray as they take a local one
+            assert (
+                await SandboxTools(box).call("bash", {"command": "cat a.txt"})
+                == "exit code 0\nstdout:\nhello"
+            )
             with pytest.raises(SandboxFileError):
                 await box.read_file("missing")
 
