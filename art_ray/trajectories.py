@@ -54,7 +54,7 @@ def _looks_like_choice(item: Any) -> bool:
 
 def _validate_message(index: int, message: Message) -> None:
     role = message.get("role")
-    if role not in MESSAGE_ROLES:
+    if not isinstance(role, str) or role not in MESSAGE_ROLES:  # a list or dict role is unhashable
         raise ValueError(
             f"messages_and_choices[{index}]: role must be one of {sorted(MESSAGE_ROLES)}, got {role!r}"
         )

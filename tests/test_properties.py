@@ -66,6 +66,33 @@ def members(step: PackedStep) -> list[tuple[list[int], int, list[int]]]:
     return found
 
 
+def trains_as(row, own: list[int], sequence: TokenSequence) -> bool:  # noqa: ANN001
+    """Whether the row's positions `own` train `sequence`'s sampled tokens (targets, weight, advantage, old
+    logprob and temperature) and nothing else."""
+    for t in own:
+        k = row.position_ids[t]  # predicts token k + 1 of its sequence
+        if k + 1 < len(sequence.input_ids) and sequence.trainable[k + 1]:
+            expected = (
+                sequence.input_ids[k + 1],
+                sequence.weight,
+                sequence.advantage,
+                sequence.logprobs[k + 1],
+                sequence.temperatures[k + 1],
+            )
+            found = (
+                row.target_ids[t],
+                row.weights[t],
+                row.advantages[t],
+                row.old_logprobs[t],
+                row.temperatures[t],
+            )
+            if found != expected:
+                return False
+        elif row.weights[t] != 0.0 or row.advantages[t] != 0.0:
+            return False
+    return True
+
+
 @SETTINGS
 @given(steps(), st.booleans())
 def test_packing_trains_every_sampled_token_once_after_its_own_context(
@@ -77,18 +104,12 @@ def test_packing_trains_every_sampled_token_once_after_its_own_context(
     unmatched = list(sequences)
     for seen, index, own in members(step):
         row = step.rows[index]
-        # the packed sequence is one of the step's, whole, in order
-        match = next(s for s in unmatched if s.input_ids == seen)
+        # the packed sequence is one of the step's, whole, in order, trained as that sequence trains (two
+        # samples may have the same tokens and differ in what is sampled, its advantage or logprobs)
+        candidates = [s for s in unmatched if s.input_ids == seen]
+        match = next((s for s in candidates if trains_as(row, own, s)), None)
+        assert match is not None, (row, own, candidates)
         unmatched.remove(match)
-        for t in own:
-            k = row.position_ids[t]  # predicts token k + 1 of its sequence
-            if k + 1 < len(match.input_ids) and match.trainable[k + 1]:
-                assert row.target_ids[t] == match.input_ids[k + 1]
-                assert row.weights[t] == match.weight and row.advantages[t] == match.advantage
-                assert row.old_logprobs[t] == match.logprobs[k + 1]
-                assert row.temperatures[t] == match.temperatures[k + 1]
-            else:
-                assert row.weights[t] == 0.0 and row.advantages[t] == 0.0
     assert unmatched == []
     trained = sum(w > 0 for row in step.rows for w in row.weights)
     assert trained == sum(s.num_trainable for s in sequences)
@@ -220,3 +241,89 @@ def test_groups_come_back_from_parquet_as_they_were_written(groups: list[Traject
         write_trajectory_groups(groups, path)
         restored = read_trajectory_groups(path)
     assert [g.model_dump() for g in restored] == [g.model_dump() for g in groups]
+
+
+JSON_SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(allow_nan=True), st.text(max_size=8)
+)
+JSON_VALUES = st.recursive(
+    JSON_SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+WELL_FORMED = st.one_of(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["system", "user", "assistant"]), "content": st.text(max_size=8)}
+    ),
+    st.fixed_dictionaries(
+        {"role": st.just("tool"), "content": st.text(max_size=8), "tool_call_id": st.text(max_size=4)}
+    ),
+)
+MALFORMED = st.one_of(
+    st.fixed_dictionaries(
+        {
+            "role": st.one_of(
+                st.sampled_from(["system", "user", "tool", "other"]),
+                st.lists(st.text(max_size=2), max_size=2),
+                st.dictionaries(st.text(max_size=2), st.text(max_size=2), max_size=2),
+                JSON_SCALARS,
+            ),
+            "content": JSON_VALUES,
+        }
+    ),
+    st.dictionaries(
+        st.sampled_from(["role", "content", "tool_call_id", "message", "index"]), JSON_VALUES, max_size=3
+    ),
+    JSON_SCALARS,
+)
+MESSAGES = st.one_of(
+    WELL_FORMED, WELL_FORMED, WELL_FORMED, MALFORMED
+)  # mostly valid: both outcomes get cases
+FINITE = st.floats(allow_nan=False, allow_infinity=False)
+
+
+def mostly(valid: st.SearchStrategy, *invalid: st.SearchStrategy) -> st.SearchStrategy:
+    """`valid` nine times in ten, else JSON of another shape (or `invalid`)."""
+    junk = st.one_of(JSON_SCALARS, *invalid)
+    return st.integers(0, 9).flatmap(lambda draw: valid if draw else junk)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "messages_and_choices": mostly(st.lists(MESSAGES, max_size=4)),
+            "reward": mostly(FINITE, st.floats()),
+            "metrics": mostly(
+                st.dictionaries(st.text(max_size=6), st.one_of(FINITE, st.booleans()), max_size=3),
+                st.dictionaries(st.text(max_size=6), st.floats(), max_size=3),
+            ),
+            "metadata": mostly(
+                st.dictionaries(
+                    st.text(max_size=6), st.one_of(st.text(max_size=4), st.integers(), FINITE), max_size=3
+                ),
+                st.dictionaries(st.text(max_size=6), JSON_VALUES, max_size=3),
+            ),
+            "initial_policy_version": mostly(st.integers(0, 9)),
+            "logs": mostly(st.lists(st.text(max_size=4), max_size=2)),
+        },
+    )
+)
+def test_a_trajectory_from_any_json_validates_or_raises_a_validation_error(payload: dict) -> None:
+    """Whatever a client sends as a trajectory (the training server's and ART's wire), validation either
+    accepts it, with a finite reward and finite metrics, and it round-trips through JSON unchanged, or
+    raises pydantic's ValidationError naming the field: never another exception, never a NaN inside."""
+    import pydantic
+
+    try:
+        trajectory = Trajectory.model_validate(payload)
+    except pydantic.ValidationError as error:
+        assert error.errors(), payload
+        return
+    assert math.isfinite(trajectory.reward)
+    assert all(not isinstance(v, float) or math.isfinite(v) for v in trajectory.metrics.values())
+    again = Trajectory.model_validate_json(trajectory.model_dump_json())
+    assert again.model_dump() == trajectory.model_dump()
