@@ -374,6 +374,23 @@ async def test_files_and_reset() -> None:
         assert await box.list_dir() == []
 
 
+async def test_a_read_only_path_under_tmp_stays_visible_after_every_reset(tmp_path: Path) -> None:
+    """A virtual environment in /tmp (a CI clone's) was covered by the slot's own /tmp: `python` not found."""
+    tool = tmp_path / "bin" / "hello"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\necho hello from the host tmp\n")
+    tool.chmod(0o755)
+    tmp_path.chmod(0o755)  # pytest's own folders above it are the host's, not the slot uid's
+    paths = [*default_read_only_paths(), str(tmp_path)]
+    async with pool(read_only_paths=paths) as sandboxes, sandboxes.lease() as box:
+        for _ in range(2):
+            result = await box.run(str(tool))
+            assert result.stdout == "hello from the host tmp\n", result
+            assert (await box.run(f"touch {tmp_path}/x")).exit_code != 0  # read-only
+            assert (await box.run("touch /tmp/mine && ls /tmp/mine")).exit_code == 0  # the slot's own /tmp
+            await box.reset()
+
+
 async def test_hidden_tests_score_passed_failed_and_infra_error() -> None:
     check = "python check.py"
     async with pool() as sandboxes:

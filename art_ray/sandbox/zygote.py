@@ -207,8 +207,17 @@ def build_root(config: dict, opened: dict[str, int]) -> None:
             os.symlink(os.readlink(f"/{name}"), f"{root}/{name}")
         elif os.path.isdir(f"/{name}"):
             bind_read_only(f"/{name}", f"{root}/{name}", opened)
+    # a read-only path under a scratch mount (a virtual environment in /tmp) would be covered by it: it is
+    # bound at a hidden place, and bound again onto its own path after every scratch mount
+    config["shadowed"] = []
     for path in config["read_only_paths"]:
-        if path in opened:
+        if path not in opened:
+            continue
+        if any(path.startswith(scratch + "/") for scratch in SCRATCHES):
+            hidden = f"/.host/{len(config['shadowed'])}"
+            bind_read_only(path, root + hidden, opened)
+            config["shadowed"].append((hidden, path))
+        else:
             bind_read_only(path, root + path, opened)
     os.makedirs(f"{root}/etc", exist_ok=True)
     etc = {
@@ -248,14 +257,18 @@ def build_root(config: dict, opened: dict[str, int]) -> None:
     mount_scratches(config)
 
 
+SCRATCHES = {"/workspace": "755", "/tmp": "1777", "/dev/shm": "1777"}
+
+
 def mount_scratches(config: dict) -> None:
-    mount_scratch("/workspace", config["limits"]["workspace_mb"], "755")
-    mount_scratch("/tmp", config["limits"]["workspace_mb"], "1777")
-    mount_scratch("/dev/shm", config["limits"]["workspace_mb"], "1777")
+    for path, mode in SCRATCHES.items():
+        mount_scratch(path, config["limits"]["workspace_mb"], mode)
+    for hidden, path in config["shadowed"]:
+        bind_read_only(hidden, path, {})
 
 
 def unmount_scratches() -> None:
-    for path in ("/workspace", "/tmp", "/dev/shm"):
+    for path in SCRATCHES:
         check(libc.umount2(path.encode(), MNT_DETACH), f"umount {path}")
 
 
