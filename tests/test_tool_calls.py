@@ -82,7 +82,9 @@ async def tool_trajectory(model, reward: float) -> Trajectory:
             tools=TOOLS,
             tool_choice="required",
             parallel_tool_calls=False,  # one call: a second one cut off by max_tokens would void both
-            max_tokens=48,
+            # above the longest call the grammar allows (~20 tokens of frame, 12 characters of up to 4
+            # byte-tokens each, runs of up to 4 spaces): 48 cut off a call of the trained model once in a run
+            max_tokens=128,
             temperature=1.0,
         )
     ).choices[0]
