@@ -122,8 +122,10 @@ def test_keep_versions_cannot_exceed_lora_slots() -> None:
         ServingConfig(engine=EngineConfig(model="/m", max_loras=2), keep_versions=3)
 
 
-@pytest.mark.parametrize("bad", ["", "../x", "a/b", "x@", "x@-1", "x@1.5", "-x", "a..b", "x" * 200])
-def test_invalid_model_names_are_rejected(bad: str) -> None:
+@pytest.mark.parametrize(
+    "bad", ["", "../x", "a/b", "x@", "x@-1", "x@1.5", "-x", "a..b", "x" * 200, None, 7, ["x"]]
+)
+def test_invalid_model_names_are_rejected(bad: object) -> None:
     with pytest.raises(InvalidModelNameError):
         parse_versioned_name(bad)
 

@@ -32,7 +32,10 @@ def versioned_name(name: str, step: int) -> str:
 
 
 def parse_versioned_name(model: str) -> tuple[str, int | None]:
-    """`name@7` -> ("name", 7); `name` -> ("name", None). Raises InvalidModelNameError."""
+    """`name@7` -> ("name", 7); `name` -> ("name", None). Raises InvalidModelNameError (also for a
+    value that is not a string: request bodies reach here as parsed JSON)."""
+    if not isinstance(model, str):
+        raise InvalidModelNameError(f"a model name is a string, not {type(model).__name__}")
     name, separator, step = model.partition("@")
     validate_model_name(name)
     if not separator:

@@ -21,16 +21,11 @@ import time
 import pydantic
 import ray
 
+from art_ray.capture.session_api import SessionInfo
 from art_ray.capture.turns import CapturedTurn
 from art_ray.cluster_actors import ensure_cluster_actor, get_cluster_actor
 
 CAPTURE_STORE_NAME = "art_ray_capture_store"
-
-
-class SessionInfo(pydantic.BaseModel):
-    id: str
-    model: str
-    expires_at: float
 
 
 class CaptureRefused(pydantic.BaseModel):

@@ -35,6 +35,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from art_ray.adapters.spec import InvalidModelNameError, parse_versioned_name
+from art_ray.capture.session_api import OpenSessionRequest, SessionTurns
 from art_ray.capture.turns import CapturedTurn
 from art_ray.feedback import request_metadata
 from art_ray.sampling import CHOICE_KEY, SamplingParams
@@ -130,14 +131,11 @@ class CaptureMiddleware:
 
     async def _open(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            payload = json.loads(await read_body(receive))
-            model = payload["model"]
-            ttl_s = payload.get("ttl_s")
-            if not isinstance(model, str) or parse_versioned_name(model)[1] is not None:
+            request = OpenSessionRequest.model_validate_json(await read_body(receive))
+            model, ttl_s = request.model, request.ttl_s
+            if parse_versioned_name(model)[1] is not None:
                 raise ValueError
-            if ttl_s is not None and not (isinstance(ttl_s, int | float) and ttl_s > 0):
-                raise ValueError
-        except (ValueError, KeyError, TypeError, InvalidModelNameError):
+        except (ValueError, InvalidModelNameError):  # pydantic's ValidationError is a ValueError
             message = (
                 'open a session with {"model": "<model name, without @step>", "ttl_s": optional seconds}'
             )
@@ -157,10 +155,8 @@ class CaptureMiddleware:
         else:
             turns = await self.store.read.remote(session_id, digest, model or "")
         if turns is not None:
-            body = {"id": session_id, "model": model, "turns": [turn.model_dump() for turn in turns]}
-            if method == "DELETE":
-                body["deleted"] = True
-            await send_json(send, 200, body)
+            body = SessionTurns(id=session_id, model=model, turns=turns, deleted=method == "DELETE" or None)
+            await send_json(send, 200, body.model_dump(exclude=None if body.deleted else {"deleted"}))
             return
         await send_error(send, 404, f"capture session {session_id!r} not found or expired", "NotFoundError")
 

@@ -45,6 +45,7 @@ MESSAGES_PATH = "/v1/messages"  # Anthropic Messages
 MODELS_PATH = "/v1/models"
 HEALTH_PATH = "/health"
 FEEDBACK_PATH = "/v1/feedback"  # art_ray/serving/feedback_route.py
+OPENAPI_PATH = "/openapi.json"  # the document of these routes (art_ray/serving/openapi.py)
 
 # capture sessions (art_ray/serving/capture.py): opened here, read and closed at SESSION_RESOURCE, and an
 # agent's base URL is `/sessions/{id}/v1`
@@ -65,6 +66,7 @@ ROUTES = {
     HEALTH_PATH: "GET",
     SESSIONS_PATH: "POST",
     FEEDBACK_PATH: "POST",
+    OPENAPI_PATH: "GET",
 }
 
 

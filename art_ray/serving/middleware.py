@@ -89,8 +89,9 @@ class ModelRoutingMiddleware:
             payload = json.loads(body)
         except ValueError:
             payload = None
-        if not isinstance(payload, dict):  # vLLM answers malformed bodies with its own 400
-            await self.app(scope, replay(body, receive), send)
+        if not isinstance(payload, dict):
+            # answered here: a body that is not UTF-8 got FastAPI's {"detail": ...}, not OpenAI's error JSON
+            await send_error(send, 400, "the request body must be a JSON object", "BadRequestError")
             return
         try:
             await self._rewrite_request(payload, chat, caller_of(scope))

@@ -29,6 +29,7 @@ from art_ray.serving.feedback_route import FeedbackMiddleware
 from art_ray.serving.feedback_token import FeedbackSigner
 from art_ray.serving.messages_bridge import MessagesBridge
 from art_ray.serving.middleware import ModelRoutingMiddleware
+from art_ray.serving.openapi import endpoint_openapi
 from art_ray.serving.protocol_bridge import ProtocolBridge
 from art_ray.serving.response_store import ClusterResponseHistory
 from art_ray.serving.responses_bridge import ResponsesBridge
@@ -87,6 +88,8 @@ class InferenceReplica:
             )
         )
         self._app.middleware_stack = None  # vLLM's setup already built the stack; rebuild it with ours
+        document = endpoint_openapi(self._app.openapi())
+        self._app.openapi = lambda: document  # FastAPI's /openapi.json route calls app.openapi()
         await self._registry.subscribe.remote(context.app_name, context.deployment)
         await self.update_access(await self._registry.access.remote())
         # Before taking traffic: serve the configured checkpoints and the versions the registry keeps.

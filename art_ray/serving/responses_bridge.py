@@ -120,6 +120,12 @@ class ResponsesBridge:
             raise BridgeRequestError(400, validation_message(error), "input") from None
         except ValueError as error:  # vLLM's VLLMValidationError: an input item it cannot read
             raise BridgeRequestError(400, str(error), "input") from None
+        except (AttributeError, IndexError, KeyError, TypeError) as error:
+            # vLLM's conversion assumes shapes the schema allows otherwise (an assistant message whose
+            # first part is a refusal, or that has no parts, was a 500): the client's input, so a 400
+            kind = type(error).__name__
+            message = f"an input item this endpoint cannot convert to chat messages ({kind}: {error})"
+            raise BridgeRequestError(400, message, "input") from None
         chat: dict[str, Any] = {
             "model": request.model,
             "messages": [
