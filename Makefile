@@ -59,7 +59,7 @@ lint: setup
 	$(VENV)/bin/ruff format --check art_ray tests bench examples
 
 bench: setup
-	@for script in memory serve_overhead forced_tool_calls temperature prefix_sharing lora_sync publish trainer_throughput rollout_scale faults end_to_end multi_tenant multi_lora_batch; do script=bench/$$script.py; echo "== $$script"; $(PY) $$script || exit 1; done
+	@for script in memory serve_overhead forced_tool_calls temperature prefix_sharing lora_sync publish trainer_throughput rollout_scale faults end_to_end multi_tenant multi_lora_batch fuzz; do script=bench/$$script.py; echo "== $$script"; $(PY) $$script || exit 1; done
 
 # learning curves: 3 seeds x 15 training minutes x 2 examples, and TRL (2-3 hours on the 2-core box)
 bench-learning: setup
