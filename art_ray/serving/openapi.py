@@ -25,7 +25,6 @@ from art_ray.serving.endpoint_guard import (
     HEALTH_PATH,
     MESSAGES_PATH,
     MODELS_PATH,
-    OPENAPI_PATH,
     RESPONSES_PATH,
     SESSION_ID,
     SESSIONS_PATH,
@@ -50,9 +49,6 @@ SESSION_PARAMETER = {
     "required": True,
     "schema": {"type": "string", "pattern": f"^{SESSION_ID}$"},
 }
-
-
-__all__ = ["OPENAPI_PATH", "endpoint_openapi"]
 
 
 def endpoint_openapi(vllm_document: dict[str, Any], title: str = "art-ray OpenAI endpoint") -> dict[str, Any]:
