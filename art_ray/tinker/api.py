@@ -33,6 +33,7 @@ from tinker.types.try_again_response import TryAgainResponse
 
 from art_ray.tinker import bodies
 from art_ray.tinker.futures import FutureFailure, FutureResult, FutureTable, UnknownFutureError
+from art_ray.tinker.openapi import tinker_openapi
 from art_ray.tinker.ordering import SeqLane
 from art_ray.tinker.principal import Principal, UnknownKeyError
 from art_ray.tinker.types import (
@@ -826,7 +827,16 @@ def tinker_app(
         listed += [front.listed_state(model, state) for state in model.states.values()]
         return _json(sdk.CheckpointsListResponse(checkpoints=listed))
 
-    @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    document: dict | None = None
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(_: Caller) -> Response:
+        nonlocal document
+        if document is None:
+            document = tinker_openapi(app.openapi(), sorted(front.served_base_models))
+        return JSONResponse(document)
+
+    @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
     async def unserved(path: str, request: Request) -> Response:
         # a 404 the SDK raises at once, naming what is missing (a 405 or 501 it would not say as clearly)
         raise HTTPException(404, f"art-ray's Tinker API does not serve {request.method} /{path}")

@@ -1,7 +1,8 @@
 """The JSON request bodies the SDK sends (tinker/types/*_request.py), with the fields the front reads.
 
-Read leniently (unknown fields ignored), so a newer SDK's additions do not break its requests; the fields
-that would change the answer and are not served are refused where they are read.
+Unknown fields are ignored, so a newer SDK's additions do not break its requests; a known field of the
+wrong type is refused (no coercion of `false` to 0); the fields that would change the answer and are not
+served are refused where they are read.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import pydantic
 
 
 class Body(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="ignore", protected_namespaces=())
+    # strict: `"seq_id": false` or `"num_samples": "2"` is a client's bug to report, not a value to coerce
+    model_config = pydantic.ConfigDict(extra="ignore", protected_namespaces=(), strict=True)
 
 
 class SessionRef(Body):
@@ -111,10 +113,15 @@ class SamplingParams(Body):
     top_p: float = 1.0
 
 
+# as the OpenAI endpoint's `n` (ServingConfig.max_n): one request must not hold the engine, or the
+# front's memory, for as many sequences as a client cares to ask
+MAX_SAMPLES = 128
+
+
 class Sample(Body):
     sampling_session_id: str | None = None
     seq_id: int | None = None
-    num_samples: int = pydantic.Field(default=1, ge=1)
+    num_samples: int = pydantic.Field(default=1, ge=1, le=MAX_SAMPLES)
     prompt: ModelInput
     sampling_params: SamplingParams
     prompt_logprobs: bool | None = None
