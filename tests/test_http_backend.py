@@ -583,3 +583,51 @@ def test_tinker_cookbooks_supervised_loop_lowers_its_loss_on_the_server(server_u
     metrics = [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
     nll = [step["train_mean_nll"] for step in metrics if "train_mean_nll" in step]
     assert len(nll) == 4 and nll[-1] < nll[0] - 0.1, nll
+
+
+def test_the_training_document_lists_every_route_behind_the_key(server_url) -> None:  # noqa: ANN001
+    from art_ray.remote.protocol import ROUTES
+    from art_ray.remote.server import app
+
+    url = f"{server_url}/_art/openapi.json"
+    assert httpx.get(url).status_code == 401
+    document = httpx.get(url, headers={"Authorization": f"Bearer {API_KEY}"}).json()
+    served = {route.path for route in app.routes}
+    assert set(document["paths"]) == {*ROUTES, "/health", "/openapi.json"} == served
+    train = document["paths"]["/train"]["post"]
+    assert set(train["responses"]["200"]["content"]) == {"application/x-ndjson"}
+    assert train["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/TrainRequest")
+
+
+async def test_a_bounded_fuzz_of_the_training_routes_and_the_tinker_api_finds_nothing(  # noqa: ANN001
+    server_url, registered
+) -> None:
+    """bench/fuzz.py's bounded form on the deployed training routes (most bodies naming the registered
+    model, /delete_run never) and Tinker API (stateful: a session, a sampler on the served base model,
+    samples, their futures); no replica restarted, and the model still trains."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+    import fuzz
+
+    _, model = registered
+    before = fuzz.replica_actors()
+    training = await asyncio.to_thread(
+        fuzz.fuzz_api,
+        f"{server_url}/_art",
+        fuzz.bearer(API_KEY),
+        model.name,
+        max_examples=4,
+        spare=fuzz.SPARE_PATHS,
+    )
+    tinker_report = await asyncio.to_thread(
+        fuzz.fuzz_api, f"{server_url}/api/v1", {"X-API-Key": API_KEY}, None, max_examples=4
+    )
+    failures = "\n".join(
+        f"{f.kind} {f.operation} {f.status}: {f.message}\n  {f.curl}"
+        for f in [*training.findings, *tinker_report.findings]
+    )
+    assert not failures, failures
+    assert len(training.by_operation) == 12 and len(tinker_report.by_operation) == 24
+    assert before <= fuzz.replica_actors()
+    step = await model.get_step()
+    await model.train(await groups_of(model))
+    assert await model.get_step() == step + 1

@@ -24,8 +24,8 @@ import pydantic
 
 from art_ray.adapters.spec import validate_model_name
 from art_ray.model_config import ModelConfig
-from art_ray.releases import ReleaseAction
-from art_ray.traffic.records import TrafficCursor
+from art_ray.releases import ReleaseAction, ReleaseState
+from art_ray.traffic.records import MaturedTraffic, TrafficCursor, TrafficSnapshot
 from art_ray.train_config import SFTConfig, TrainConfig
 from art_ray.train_result import GradientStep, TrainResult
 from art_ray.trajectories import Trajectory, TrajectoryGroup
@@ -152,3 +152,55 @@ class TrainStreamLine(_Message):
     gradient_step: GradientStep | None = None
     result: TrainResult | None = None
     error: ErrorBody | None = None
+
+
+class Route(pydantic.BaseModel):
+    """One training route: its body, its answer (each line's, for a stream) and what it does."""
+
+    model_config = pydantic.ConfigDict(frozen=True)
+
+    request: type[pydantic.BaseModel]
+    response: type[pydantic.BaseModel]
+    summary: str
+    stream: bool = False
+
+
+# The routes above, as the server serves them and its OpenAPI document (art_ray/remote/openapi.py) says.
+ROUTES: dict[str, Route] = {
+    "/register": Route(
+        request=ModelSpec, response=RegisterResponse, summary="Register a model: serve it, make its trainer"
+    ),
+    "/train": Route(
+        request=TrainRequest,
+        response=TrainStreamLine,
+        summary="One GRPO step on trajectory groups: a line per gradient step, then the result",
+        stream=True,
+    ),
+    "/train_sft": Route(
+        request=TrainSFTRequest,
+        response=TrainStreamLine,
+        summary="Supervised fine-tuning on trajectories: a line per gradient step, then the result",
+        stream=True,
+    ),
+    "/log": Route(request=LogRequest, response=LogResponse, summary="Log trajectory groups and metrics"),
+    "/step": Route(request=ModelRef, response=StepResponse, summary="The model's current step"),
+    "/traffic": Route(
+        request=ModelRef, response=TrafficSnapshot, summary="The run's stored turns and their feedback"
+    ),
+    "/release": Route(
+        request=ReleaseRequest, response=ReleaseState, summary="Read or move the run's release"
+    ),
+    "/matured_traffic": Route(
+        request=MaturedTrafficRequest,
+        response=MaturedTraffic,
+        summary="Labeled turns past a cursor, for training on traffic",
+    ),
+    "/delete_checkpoints": Route(
+        request=DeleteCheckpointsRequest,
+        response=DeleteCheckpointsResponse,
+        summary="Delete checkpoints but the best and the latest (or those named)",
+    ),
+    "/delete_run": Route(
+        request=DeleteRunRequest, response=DeleteRunResponse, summary="Stop serving and training a run"
+    ),
+}

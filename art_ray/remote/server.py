@@ -21,6 +21,7 @@ from art_ray.access import AccessTable, KeyGrant
 from art_ray.backend import BackendError, RayBackend
 from art_ray.deployment import DEPLOYMENT_HEADER, MISDIRECTED_STATUS, deployment_identity, misdirected_message
 from art_ray.errors import ArtRayError, QuotaExceededError
+from art_ray.remote.openapi import training_openapi
 from art_ray.remote.protocol import (
     DEFAULT_ROUTE_PREFIX,
     DeleteCheckpointsRequest,
@@ -110,7 +111,8 @@ def _refuse_browser_requests(request: Request) -> None:
         )
 
 
-app = FastAPI(title="art-ray training", docs_url=None, redoc_url=None)
+# its document is art_ray/remote/openapi.py's, behind the key (GET /openapi.json below)
+app = FastAPI(title="art-ray training", docs_url=None, redoc_url=None, openapi_url=None)
 
 
 @serve.deployment(num_replicas=1, max_ongoing_requests=256, ray_actor_options={"num_cpus": 0})
@@ -133,6 +135,7 @@ class TrainingServer:
         self.train_locks: dict[str, asyncio.Lock] = {}
         self.register_lock = asyncio.Lock()
         self.in_flight: collections.Counter[str] = collections.Counter()
+        self.document = training_openapi()
         tinker = self.config.tinker
         self.tinker = (
             RayTinkerService(self.backend, tinker.base_models, tinker.run_config)
@@ -389,6 +392,19 @@ class TrainingServer:
                 "this training server does not serve the Tinker API: start it with --tinker"
             )
         return await getattr(self.tinker, verb)(*args)
+
+    @app.get("/openapi.json")
+    async def openapi(self, request: Request) -> Response:
+        try:
+            self._check_deployment(request)
+            if request.headers.get("origin") is not None:
+                raise ApiError(403, "cross-origin request refused", "permission_error")
+            await self._authorize(request)
+            response: Response = JSONResponse(self.document)
+        except ApiError as error:
+            response = error_response(error)
+        self._stamp(response)
+        return response
 
     @app.get("/health")
     async def health(self, request: Request) -> Response:
