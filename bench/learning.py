@@ -150,7 +150,10 @@ async def art_ray_curve(  # noqa: ANN001
     run = settings(task, args)
     if as_if_one:
         task = dataclasses.replace(task, rollout=as_if_sampled_at_one(task.rollout))
-        run.train_config = run.train_config.model_copy(update={"precalculate_logprobs": True})
+        update: dict = {"precalculate_logprobs": True}
+        if args.as_if_t1_beta is not None:
+            update["beta"] = args.as_if_t1_beta
+        run.train_config = run.train_config.model_copy(update=update)
     model = TrainableModel(
         name=run_name(task, seed) + ("-as-if-t1" if as_if_one else ""),
         project="bench-learning",
@@ -202,6 +205,8 @@ async def art_ray_curve(  # noqa: ANN001
         "task": task.name,
         "seed": seed,
         "steps": steps,
+        "beta": run.train_config.beta,
+        "learning_rate": run.train_config.learning_rate,
         "seconds_per_step": train_s / max(1, steps),
         "eval_s": eval_s,
         "sample_rewards": rewards,
@@ -372,6 +377,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=None,
         help="art-ray's KL penalty against the base model (default: the example's)",
+    )
+    parser.add_argument(
+        "--as-if-t1-beta",
+        type=float,
+        default=None,
+        help="the as-if-temperature-1 arm's KL penalty (default: --beta's): the KL between policies "
+        "tempered at T grows as 1/T^2 for a given change of logits and the policy-gradient term as 1/T, "
+        "so a beta tuned on the old arm weighs 1/T times as much in the fixed one",
     )
     parser.add_argument(
         "--trained-at",
