@@ -1,5 +1,5 @@
 """Sandboxes (issue 48): art_ray.sandbox's namespace pool against today's subprocess sandbox
-(examples/code_math/sandbox.py::run_python), in one invocation.
+(bench/subprocess_sandbox.py::run_python, code_math's before it moved onto the pool), in one invocation.
 
 Measured: warm exec latency p50/p99 at concurrency 1/8/32 and execs/s at 32 (trivial Python,
 `print(sum(range(1000)))`; each concurrent client holds its own lease, so the pool has as many slots as
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "examples" / "code_math"), str(Path(__file__).parent)]
 
 from common import print_result, print_table  # noqa: E402
-from sandbox import run_python  # noqa: E402  (examples/code_math/sandbox.py: the baseline)
+from subprocess_sandbox import run_python  # noqa: E402  (the baseline: code_math's earlier sandbox)
 
 from art_ray.sandbox import SandboxLimits, SandboxPool  # noqa: E402
 

@@ -1,5 +1,6 @@
 """TRL's GRPOTrainer on examples/code_math, the peer of bench/learning.py: the same model, prompt
-(problems.messages_for), sandboxed reward (problems.score on sandbox.run_python), training problems in the
+(problems.messages_for), sandboxed reward (problems.score on execute.run_program_blocking: art-ray's
+sandbox pool, as the example's), training problems in the
 same order per seed, group size, groups per step, learning rate, LoRA shape, temperature and token limit,
 for a budget of training minutes. Held-out correctness is greedy (transformers' generate) on
 problems.held_out_problems, before training and every `--eval-every` training minutes; evaluation time is
@@ -20,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "code_math"))
 
+from execute import run_program_blocking  # noqa: E402
 from problems import MAX_TOKENS, extract_code, held_out_problems, make_problem, messages_for, score  # noqa: E402
-from sandbox import run_python  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -69,7 +70,7 @@ def main() -> None:
     def reward(completions, answer, **kwargs) -> list[float]:  # noqa: ANN001, ANN003
         rewards = []
         for completion, expected in zip(completions, answer, strict=True):
-            result = run_python(extract_code(completion[0]["content"]))
+            result = run_program_blocking(extract_code(completion[0]["content"]))
             rewards.append(score(result.stdout, result.exit_code, expected)[0])
         return rewards
 
@@ -94,7 +95,7 @@ def main() -> None:
                     output[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True
                 )
                 for problem, reply in zip(batch, replies, strict=True):
-                    result = run_python(extract_code(reply))
+                    result = run_program_blocking(extract_code(reply))
                     correct += score(result.stdout, result.exit_code, problem.answer)[1]["correct"]
         policy.train(was_training)
         return correct / len(held_out)

@@ -223,7 +223,7 @@ async def test_endless_loop_and_long_sleep_time_out(backend: str) -> None:
         await healthy(box)
 
 
-# ------------------------------------------------- examples/code_math/sandbox.py's four holes, closed
+# ---------------------------- the earlier code_math sandbox's four holes (bench/subprocess_sandbox.py)
 
 
 async def test_a_finished_program_is_not_reported_timed_out_for_its_grandchild(backend: str) -> None:

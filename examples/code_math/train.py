@@ -1,6 +1,7 @@
 """Code math with GRPO on art-ray: the model answers a word problem by writing Python that prints the
-answer; the code runs in a sandboxed child process (examples/code_math/sandbox.py), never in the driver or
-the trainer, and the reward checks what it printed.
+answer; the code runs in art-ray's sandbox pool (examples/code_math/execute.py: isolated warm slots
+leased one program at a time), never in the driver, a rollout runner or the trainer, and the reward
+checks what it printed.
 
     python examples/code_math/train.py --steps 4
 
@@ -10,12 +11,12 @@ Metrics: correct, ran (exit code 0), printed_number.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]
 
+from execute import run_program  # noqa: E402
 from loop import AgentTask, main  # noqa: E402
 from problems import (  # noqa: E402
     MAX_TOKENS,
@@ -26,7 +27,6 @@ from problems import (  # noqa: E402
     messages_for,
     score,
 )
-from sandbox import run_python  # noqa: E402
 
 import art_ray  # noqa: E402
 from art_ray import TrainableModel, TrainConfig, Trajectory  # noqa: E402
@@ -39,7 +39,7 @@ async def rollout(model: TrainableModel, problem: Problem, temperature: float) -
         model=model.get_inference_name(), messages=messages, max_tokens=MAX_TOKENS, temperature=temperature
     )
     choice = completion.choices[0]
-    result = await asyncio.to_thread(run_python, extract_code(choice.message.content or ""))
+    result = await run_program(extract_code(choice.message.content or ""))  # SandboxError: dropped
     reward, metrics = score(result.stdout, result.exit_code, problem.answer)
     return Trajectory(
         messages_and_choices=[*messages, choice],

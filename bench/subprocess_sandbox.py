@@ -1,5 +1,7 @@
-"""Run untrusted Python in a child process with limits: the model's code never runs in the rollout's
-own process (nor the driver's or the trainer's).
+"""The subprocess sandbox examples/code_math used before it moved onto art_ray.sandbox's pool (issue 48),
+kept as bench/sandbox.py's baseline only: its four holes (a finished program reported timed out, host /tmp
+written, 300 MB of output held in the caller, preexec_fn in threaded processes) are tests/test_sandbox.py's
+regression tests. Run untrusted Python in a child process with limits.
 
 Enforced: a fresh temporary working folder (deleted after), an empty environment, isolated mode
 (`python -I -S`: no user site, no site-packages), a wall-clock timeout and a CPU-time limit, an
