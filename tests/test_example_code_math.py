@@ -54,7 +54,7 @@ def test_a_program_runs_and_its_output_comes_back() -> None:
 def test_an_endless_loop_times_out_at_the_limit() -> None:
     result = run_locally("while True:\n    pass")
     assert result.timed_out and result.exit_code is None
-    assert execute.LIMITS.wall_s <= result.duration_s < execute.LIMITS.wall_s + 2
+    assert execute.SANDBOXES.limits.wall_s <= result.duration_s < execute.SANDBOXES.limits.wall_s + 2
 
 
 def test_a_memory_bomb_fails_inside_the_limit() -> None:
@@ -73,7 +73,7 @@ def test_no_network_and_no_host_files() -> None:
 
 def test_output_is_cut_while_it_is_read_and_leases_do_not_share_files() -> None:
     result = run_locally("print('y' * 100000)")
-    assert len(result.stdout) == execute.LIMITS.output_bytes and result.truncated
+    assert len(result.stdout) == execute.SANDBOXES.limits.output_bytes and result.truncated
     assert run_locally("open('left.txt', 'w').write('x')").exit_code == 0
     assert "FileNotFoundError" in run_locally("open('left.txt').read()").stderr  # the workspace was reset
 
@@ -85,5 +85,5 @@ async def test_rollout_runners_share_the_jobs_sandbox_host(ray_cluster) -> None:
 
     results = await asyncio.gather(*(execute.run_program(f"print({i} * 2)") for i in range(6)))
     assert [result.stdout for result in results] == [f"{i * 2}\n" for i in range(6)]
-    hosts = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"] == execute.HOST_NAME]
+    hosts = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"] == execute.SANDBOXES.name]
     assert len(hosts) == 1

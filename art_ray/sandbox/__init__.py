@@ -15,6 +15,7 @@ from art_ray.errors import LeaseExpired, SandboxBusy, SandboxError, SandboxFileE
 from art_ray.sandbox.backend import SandboxBackend, SandboxSlot
 from art_ray.sandbox.grading import TestOutcome, run_tests
 from art_ray.sandbox.pool import Sandbox, SandboxPool
+from art_ray.sandbox.shared import SharedSandboxes
 from art_ray.sandbox.tools import SANDBOX_TOOLS, SandboxTools
 from art_ray.sandbox.types import ExecResult, LeasedSandbox, SandboxLimits
 
@@ -32,6 +33,7 @@ __all__ = [
     "SandboxPool",
     "SandboxSlot",
     "SandboxTools",
+    "SharedSandboxes",
     "TestOutcome",
     "run_tests",
 ]

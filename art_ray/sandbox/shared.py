@@ -1,0 +1,99 @@
+"""Sandboxes every rollout of a job leases from, wherever it runs: on Ray (rollouts in rollout runners),
+one named host actor of the job (RaySandboxPool), started by the first lease; without Ray (a driver that
+trains through HTTPBackend runs its rollouts in place), a pool in this process.
+
+    SANDBOXES = SharedSandboxes("my-agent", slots=4, limits=SandboxLimits(wall_s=5), first_uid=130000)
+
+    async with SANDBOXES.lease() as box:  # in a rollout
+        result = await box.python(code)
+
+A SharedSandboxes holds only its settings, so a rollout function that names it pickles; the pools are
+this module's, one per Ray job (a new session's host is another actor) or per event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import threading
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, TypeVar
+
+import pydantic
+
+from art_ray.sandbox.namespaces import NamespaceBackend
+from art_ray.sandbox.pool import SandboxPool
+from art_ray.sandbox.types import LeasedSandbox, SandboxLimits
+
+T = TypeVar("T")
+
+
+class SharedSandboxes(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(frozen=True)
+
+    name: str
+    slots: int = pydantic.Field(4, gt=0)
+    limits: SandboxLimits = pydantic.Field(default_factory=SandboxLimits)
+    # the host's slots run as first_uid.. first_uid + slots - 1, a local pool's from first_uid + slots:
+    # two pools at once must not share uids (namespaces.py)
+    first_uid: int = 100000
+    # where the host goes: {} anywhere, {"sandbox": 1} on the nodes meant for sandboxes
+    resources: dict[str, float] = pydantic.Field(default_factory=dict)
+
+    @contextlib.asynccontextmanager
+    async def lease(self, ttl_s: float = 600.0) -> AsyncIterator[LeasedSandbox]:
+        """A box for one rollout; `ttl_s` only reaps a lease whose holder died."""
+        ray = sys.modules.get("ray")  # not imported: not initialized either (and this floor stays light)
+        if ray is not None and ray.is_initialized():
+            from art_ray.sandbox.host import RaySandboxPool
+
+            key = (self.name, ray.get_runtime_context().get_job_id())
+            if key not in _hosts:
+                _hosts[key] = await RaySandboxPool.start(
+                    self.slots, self.limits, self.resources, self.first_uid, name=self.name
+                )
+            async with _hosts[key].lease(ttl_s) as remote:
+                yield remote
+            return
+        pool = await self._local_pool()
+        async with pool.lease(ttl_s) as box:
+            yield box
+
+    async def _local_pool(self) -> SandboxPool:
+        key = (self.name, asyncio.get_running_loop())
+        if key not in _local_pools:  # a task: leases that come while it starts wait for the same pool
+            backend = NamespaceBackend(self.first_uid + self.slots)
+            _local_pools[key] = asyncio.create_task(_started(SandboxPool(self.slots, self.limits, backend)))
+        return await _local_pools[key]
+
+    def run_blocking(self, work: Coroutine[Any, Any, T]) -> T:
+        """`work` (which leases from a pool of this process, Ray or not) from synchronous code, such as a
+        TRL reward function, on a private event loop."""
+        return asyncio.run_coroutine_threadsafe(work, _blocking_loop()).result()
+
+    @contextlib.asynccontextmanager
+    async def lease_here(self, ttl_s: float = 600.0) -> AsyncIterator[LeasedSandbox]:
+        """A box from this process's own pool even on Ray (a process that is no rollout runner)."""
+        pool = await self._local_pool()
+        async with pool.lease(ttl_s) as box:
+            yield box
+
+
+async def _started(pool: SandboxPool) -> SandboxPool:
+    await pool.start()
+    return pool
+
+
+_hosts: dict[tuple[str, str], Any] = {}
+_local_pools: dict[tuple[str, asyncio.AbstractEventLoop], asyncio.Task[SandboxPool]] = {}
+_loop: list[asyncio.AbstractEventLoop] = []
+_loop_lock = threading.Lock()
+
+
+def _blocking_loop() -> asyncio.AbstractEventLoop:
+    with _loop_lock:
+        if not _loop:
+            _loop.append(asyncio.new_event_loop())
+            threading.Thread(target=_loop[0].run_forever, daemon=True, name="sandbox-loop").start()
+    return _loop[0]
