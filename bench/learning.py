@@ -49,12 +49,12 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 from common import free_port, print_result, print_table  # noqa: E402
 
-HELD_OUT = {"code_math": 128, "email_agent": 64}
+HELD_OUT = {"code_math": 128, "email_agent": 64, "terminal_agent": 64}
 # The system name of a run whose choices trained as if sampled at temperature 1 (`--trained-at one`): how
 # every version before issue 46 trained, kept here to measure the fix against in the same invocation.
 AS_IF_ONE = "art-ray (as if T=1)"
 # held-out evaluations of the email agent are multi-turn and cost more: fewer of them
-EVAL_EVERY = {"code_math": 1.5, "email_agent": 3.0}
+EVAL_EVERY = {"code_math": 1.5, "email_agent": 3.0, "terminal_agent": 3.0}
 
 
 def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -70,7 +70,7 @@ def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
 def load_example(task: str) -> ModuleType:
     """examples/<task>/train.py as module `<task>_train`, pickled by value into Ray work: the two examples'
     scripts share the file name `train.py`, so neither is importable by that name on the workers. Their
-    helpers (problems.py, sandbox.py, inbox.py) import there from the examples' folders, which the workers
+    helpers (problems.py, execute.py, inbox.py) import there from the examples' folders, which the workers
     of a backend started after this import have on their path."""
     import ray
 
@@ -88,6 +88,10 @@ def held_out_items(task: str, count: int) -> list:
         from problems import held_out_problems
 
         return held_out_problems(count)
+    if task == "terminal_agent":
+        from repos import held_out_repos
+
+        return held_out_repos(count)
     from inbox import held_out_scenarios
 
     return held_out_scenarios(count)

@@ -48,6 +48,7 @@ def ray_cluster():
         examples,
         examples / "code_math",
         examples / "email_agent",
+        examples / "terminal_agent",
     ]
     ray.init(
         address="local",
