@@ -631,17 +631,19 @@ def test_the_document_lists_every_served_route_behind_the_key(server: Server) ->
     )
 
 
-FOUND = [  # what fuzzing found, each answered since with a 422 in FastAPI's {"detail": [...]}
-    ("save_weights_external", {"model_id": None, "seq_id": False}),  # false was read as seq_id 0
-    ("optim_step", {"model_id": "m", "seq_id": True}),
+FOUND = [  # what fuzzing found, each answered since with a 422 in FastAPI's {"detail": ...}
+    ("save_weights_external", b'{"model_id": null, "seq_id": false}'),  # false was read as seq_id 0
+    ("optim_step", b'{"model_id": "m", "seq_id": true}'),
+    ("get_info", b".\x8e\x10C"),  # not UTF-8: FastAPI's 400, which the SDK retries for minutes
 ]
 
 
 @pytest.mark.parametrize(("route", "body"), FOUND)
-def test_what_fuzzing_found_is_refused(server: Server, route: str, body: dict) -> None:
-    response = server.post(route, body)
+def test_what_fuzzing_found_is_refused(server: Server, route: str, body: bytes) -> None:
+    headers = {"X-API-Key": ALICE, "Content-Type": "application/json"}
+    response = httpx.post(f"{server.url}/api/v1/{route}", content=body, headers=headers, timeout=10)
     assert response.status_code == 422, response.text
-    assert isinstance(response.json()["detail"], list)
+    assert response.json()["detail"]
 
 
 def test_a_bounded_fuzz_run_of_the_front_finds_nothing(server: Server) -> None:

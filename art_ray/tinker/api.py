@@ -28,6 +28,7 @@ from typing import Annotated, TypeVar
 import pydantic
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from tinker import types as sdk
 from tinker.types.try_again_response import TryAgainResponse
 
@@ -688,6 +689,12 @@ def tinker_app(
     app = FastAPI(title="art-ray Tinker API", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.authorize = authorize
     app.state.front = front  # its run_statuses, for the Serve deployment's `art-ray status` call
+
+    @app.exception_handler(StarletteHTTPException)  # what FastAPI's own routing raises
+    async def client_error(_: Request, error: StarletteHTTPException) -> Response:
+        # FastAPI answers a body it cannot decode (not UTF-8) with a 400, which the SDK would retry
+        status = 422 if error.status_code == 400 else error.status_code
+        return JSONResponse({"detail": error.detail}, status_code=status, headers=error.headers)
 
     @app.post("/client/config")
     async def client_config(_: Caller) -> Response:

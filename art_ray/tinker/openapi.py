@@ -54,10 +54,9 @@ ANSWERS: dict[str, type[pydantic.BaseModel] | None] = {
     "/training_runs/{model_id}/checkpoints": sdk.CheckpointsListResponse,
 }
 ERROR_STATUSES = {
-    "400": "The body is not JSON",
     "401": "Missing or unknown API key",
     "404": "No such session, model, sampler, checkpoint or future (or another key's)",
-    "422": "The body is not a valid request",
+    "422": "The body is not a valid request (not JSON, not UTF-8, or not the route's body)",
     "429": "Too many requests in flight for the key",
 }
 EXTRA_STATUSES = {
