@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import openai
 import ray
 from openai.types.chat.chat_completion import Choice
 
@@ -60,6 +61,36 @@ async def chat_turn(
         max_tokens=max_tokens,
         temperature=temperature,
     )
+    choice = completion.choices[0]
+    messages.append(choice)
+    return choice
+
+
+async def tool_turn(
+    model: TrainableModel,
+    messages: list,
+    tools: list[dict],
+    *,
+    tool_choice: str | dict,
+    max_tokens: int,
+    temperature: float,
+) -> Choice | None:
+    """One turn of a tool-calling rollout: sample one call, append the choice (what GRPO trains on) and
+    return it; None when the conversation outgrew max_model_len (the episode ends there)."""
+    try:
+        completion = await model.openai_client().chat.completions.create(
+            model=model.get_inference_name(),
+            messages=art_ray.get_messages(messages),
+            tools=tools,
+            tool_choice=tool_choice,
+            # one call a turn: a small model asked for calls may keep writing them until max_tokens, and a
+            # cut-off second call makes vLLM's parser return the whole reply as text
+            parallel_tool_calls=False,
+            max_tokens=max_tokens,
+            temperature=temperature,
+        )
+    except openai.BadRequestError:
+        return None
     choice = completion.choices[0]
     messages.append(choice)
     return choice

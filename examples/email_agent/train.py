@@ -16,8 +16,6 @@ import json
 import sys
 from pathlib import Path
 
-import openai
-
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]
 
 from inbox import (  # noqa: E402
@@ -36,7 +34,7 @@ from inbox import (  # noqa: E402
     read_email,
     search_inbox,
 )
-from loop import AgentTask, main  # noqa: E402
+from loop import AgentTask, main, tool_turn  # noqa: E402
 
 import art_ray  # noqa: E402
 from art_ray import TrainableModel, TrainConfig, Trajectory  # noqa: E402
@@ -51,22 +49,12 @@ async def rollout(model: TrainableModel, scenario: Scenario, temperature: float)
     turns = errors = 0
     while answer is None and turns < MAX_TURNS:
         turns += 1
-        try:
-            completion = await model.openai_client().chat.completions.create(
-                model=model.get_inference_name(),
-                messages=art_ray.get_messages(messages),
-                tools=TOOLS,
-                tool_choice=LAST_TURN if turns == MAX_TURNS else "required",
-                # one call a turn: a 135M model asked for calls may keep writing them until max_tokens, and
-                # a cut-off second call makes vLLM's parser return the whole reply as text
-                parallel_tool_calls=False,
-                max_tokens=MAX_TOKENS,
-                temperature=temperature,
-            )
-        except openai.BadRequestError:  # the conversation outgrew max_model_len: the episode ends there
+        tool_choice = LAST_TURN if turns == MAX_TURNS else "required"
+        choice = await tool_turn(
+            model, messages, TOOLS, tool_choice=tool_choice, max_tokens=MAX_TOKENS, temperature=temperature
+        )
+        if choice is None:  # the conversation outgrew max_model_len: the episode ends there
             break
-        choice = completion.choices[0]
-        messages.append(choice)
         calls = choice.message.tool_calls or []
         if not calls:  # cut off by max_tokens, or no readable call: the episode ends without an answer
             errors += 1

@@ -16,11 +16,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import openai
-
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]
 
-from loop import AgentTask, main  # noqa: E402
+from loop import AgentTask, main, tool_turn  # noqa: E402
 from repos import (  # noqa: E402
     MODULE,
     TEST_COMMAND,
@@ -86,20 +84,11 @@ async def rollout(model: TrainableModel, repo: Repo, temperature: float) -> Traj
         ran_tests = submitted = False
         while turns < MAX_TURNS and not submitted:
             turns += 1
-            try:
-                completion = await model.openai_client().chat.completions.create(
-                    model=model.get_inference_name(),
-                    messages=art_ray.get_messages(messages),
-                    tools=TOOLS,
-                    tool_choice="required",
-                    parallel_tool_calls=False,
-                    max_tokens=MAX_TOKENS,
-                    temperature=temperature,
-                )
-            except openai.BadRequestError:  # the conversation outgrew max_model_len: the episode ends there
+            choice = await tool_turn(
+                model, messages, TOOLS, tool_choice="required", max_tokens=MAX_TOKENS, temperature=temperature
+            )
+            if choice is None:  # the conversation outgrew max_model_len
                 break
-            choice = completion.choices[0]
-            messages.append(choice)
             calls = choice.message.tool_calls or []
             if not calls:  # cut off by max_tokens, or no readable call
                 errors += 1
