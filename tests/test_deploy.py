@@ -32,7 +32,10 @@ def test_cluster_yaml_passes_rays_own_validation() -> None:
     types = prepared["available_node_types"]
     assert types["inference_gpu"]["resources"] == {"inference_node": 1}
     assert types["trainer_gpu"]["resources"] == {"trainer_node": 1}
-    assert all(types[t]["max_workers"] >= types[t]["min_workers"] for t in ("inference_gpu", "trainer_gpu"))
+    assert types["sandbox_cpu"]["resources"] == {"sandbox": 1}  # where SharedSandboxes' hosts go
+    assert types["sandbox_cpu"]["min_workers"] >= 1 and "InstanceType" in types["sandbox_cpu"]["node_config"]
+    kinds = ("inference_gpu", "trainer_gpu", "sandbox_cpu")
+    assert all(types[t]["max_workers"] >= types[t]["min_workers"] for t in kinds)
     assert any("art-ray[gpu]" in command for command in raw["setup_commands"])
     assert any("--dashboard-host=0.0.0.0" in command for command in raw["head_start_ray_commands"])
 
@@ -91,3 +94,23 @@ def test_kuberay_rayjob_runs_an_example_with_valid_arguments() -> None:
         name: json.loads(json.loads(group["rayStartParams"]["resources"])) for name, group in groups.items()
     }
     assert resources == {"inference-gpu": {"inference_node": 1}, "trainer-gpu": {"trainer_node": 1}}
+
+
+def test_kuberay_terminal_agent_job_has_a_sandbox_group_and_valid_arguments() -> None:
+    import sys
+
+    job = load("deploy/kuberay/rayjob-terminal-agent.yaml")
+    assert (job["apiVersion"], job["kind"]) == ("ray.io/v1", "RayJob")
+    command = shlex.split(job["spec"]["entrypoint"])
+    assert command[:2] == ["python", "examples/terminal_agent/train.py"]
+    sys.path.insert(0, str(ROOT / "examples"))
+    from loop import parse_args
+
+    args = parse_args("terminal_agent", "", command[2:])
+    assert args.storage.startswith("s3://") and args.group_size == 16
+    groups = {g["groupName"]: g for g in job["spec"]["rayClusterSpec"]["workerGroupSpecs"]}
+    assert json.loads(json.loads(groups["sandbox-cpu"]["rayStartParams"]["resources"])) == {"sandbox": 1}
+    pod = groups["sandbox-cpu"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["hostUsers"] is False and container["securityContext"]["procMount"] == "Unmasked"
+    assert "nvidia.com/gpu" not in container["resources"]["limits"]

@@ -5,8 +5,12 @@ live, and a host asking for `{"sandbox": 1}` waits for a node that has it."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -76,3 +80,16 @@ def test_a_host_asking_for_sandbox_nodes_waits_for_one(ray_cluster) -> None:
     ready, _ = ray.wait([host.start.remote()], timeout=2)
     assert ready == []  # no node of the session's cluster offers {"sandbox": 1}
     ray.kill(host)
+
+
+@pytest.mark.slow
+def test_shared_sandboxes_go_to_the_sandbox_nodes_of_a_cluster_that_has_them(tmp_path: Path) -> None:
+    """On a simulated cluster whose CPU node offers {"sandbox": 1} and whose head does not, the job's host
+    lands on that node (tests/sandbox_nodes_driver.py, in its own process)."""
+    driver = Path(__file__).with_name("sandbox_nodes_driver.py")
+    completed = subprocess.run(
+        [sys.executable, str(driver)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    placed = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert placed["output"] == "leased" and placed["host_node"] == placed["sandbox_node"]

@@ -78,6 +78,10 @@ class SandboxHost:
     async def reset(self, lease_id: str) -> None:
         await self.box(lease_id).reset()
 
+    def node_id(self) -> str:
+        """The Ray node this host runs on (its slots run there too)."""
+        return ray.get_runtime_context().get_node_id()
+
     async def stats(self) -> dict:
         return {"leased": len(self.leases), "waiting": self.pool.waiting, "replaced": self.pool.replaced}
 

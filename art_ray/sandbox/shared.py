@@ -27,6 +27,7 @@ from art_ray.sandbox.pool import SandboxPool
 from art_ray.sandbox.types import LeasedSandbox, SandboxLimits
 
 T = TypeVar("T")
+SANDBOX_RESOURCE = "sandbox"  # the custom resource of the nodes meant for sandboxes
 
 
 class SharedSandboxes(pydantic.BaseModel):
@@ -38,8 +39,9 @@ class SharedSandboxes(pydantic.BaseModel):
     # the host's slots run as first_uid.. first_uid + slots - 1, a local pool's from first_uid + slots:
     # two pools at once must not share uids (namespaces.py)
     first_uid: int = 100000
-    # where the host goes: {} anywhere, {"sandbox": 1} on the nodes meant for sandboxes
-    resources: dict[str, float] = pydantic.Field(default_factory=dict)
+    # where the host goes: None, on a node that offers the custom resource `sandbox` when the cluster has
+    # one (cluster.yaml's sandbox_cpu nodes, KubeRay's sandbox group), else anywhere; {} anywhere
+    resources: dict[str, float] | None = None
 
     @contextlib.asynccontextmanager
     async def lease(self, ttl_s: float = 600.0) -> AsyncIterator[LeasedSandbox]:
@@ -50,8 +52,11 @@ class SharedSandboxes(pydantic.BaseModel):
 
             key = (self.name, ray.get_runtime_context().get_job_id())
             if key not in _hosts:
+                resources = self.resources
+                if resources is None:  # the cluster's nodes decide, never this process's own machine
+                    resources = {SANDBOX_RESOURCE: 1} if ray.cluster_resources().get(SANDBOX_RESOURCE) else {}
                 _hosts[key] = await RaySandboxPool.start(
-                    self.slots, self.limits, self.resources, self.first_uid, name=self.name
+                    self.slots, self.limits, resources, self.first_uid, name=self.name
                 )
             async with _hosts[key].lease(ttl_s) as remote:
                 yield remote
