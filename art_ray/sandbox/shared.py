@@ -8,7 +8,8 @@ trains through HTTPBackend runs its rollouts in place), a pool in this process.
         result = await box.python(code)
 
 A SharedSandboxes holds only its settings, so a rollout function that names it pickles; the pools are
-this module's, one per Ray job (a new session's host is another actor) or per event loop.
+this module's, one per Ray job (a new session's host is another actor; a host that died is made again by
+the next lease) or per event loop (a process that runs many short-lived loops should lease from one).
 """
 
 from __future__ import annotations
@@ -58,8 +59,12 @@ class SharedSandboxes(pydantic.BaseModel):
                 _hosts[key] = await RaySandboxPool.start(
                     self.slots, self.limits, resources, self.first_uid, name=self.name
                 )
-            async with _hosts[key].lease(ttl_s) as remote:
-                yield remote
+            try:
+                async with _hosts[key].lease(ttl_s) as remote:
+                    yield remote
+            except ray.exceptions.RayActorError:  # the host died: the next lease makes a new one
+                _hosts.pop(key, None)
+                raise
             return
         pool = await self._local_pool()
         async with pool.lease(ttl_s) as box:
