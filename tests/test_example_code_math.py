@@ -85,5 +85,7 @@ async def test_rollout_runners_share_the_jobs_sandbox_host(ray_cluster) -> None:
 
     results = await asyncio.gather(*(execute.run_program(f"print({i} * 2)") for i in range(6)))
     assert [result.stdout for result in results] == [f"{i * 2}\n" for i in range(6)]
-    hosts = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"] == execute.SANDBOXES.name]
+    hosts = [
+        a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"] == execute.SANDBOXES.name
+    ]
     assert len(hosts) == 1

@@ -2,7 +2,7 @@
 one named host actor of the job (RaySandboxPool), started by the first lease; without Ray (a driver that
 trains through HTTPBackend runs its rollouts in place), a pool in this process.
 
-    SANDBOXES = SharedSandboxes("my-agent", slots=4, limits=SandboxLimits(wall_s=5), first_uid=130000)
+    SANDBOXES = SharedSandboxes(name="my-agent", slots=4, limits=SandboxLimits(wall_s=5), first_uid=130000)
 
     async with SANDBOXES.lease() as box:  # in a rollout
         result = await box.python(code)
