@@ -1,9 +1,10 @@
 """Driver for tests/test_sandbox_ray.py, run in its own process (the test session holds its own Ray).
 
 Simulates cluster.yaml's sandbox node type with `ray.cluster_utils.Cluster`: a head without the `sandbox`
-resource (where the driver runs) and a CPU node that offers `{"sandbox": 1}`. A `SharedSandboxes` left to
-choose (`resources=None`) must put its host on that node, from the cluster's resources rather than the
-driver's machine. Prints, as its last line, one JSON object.
+resource (where the driver runs) and two CPU nodes that offer `{"sandbox": 1}`. A job's SharedSandboxes
+must put a host on each of those nodes and none on the head, judged from the cluster's resources rather
+than the driver's machine, and spread 12 overlapping leases on 2 x 2 slots over both. Prints, as its last
+line, one JSON object.
 """
 
 from __future__ import annotations
@@ -16,22 +17,33 @@ from ray.cluster_utils import Cluster
 
 from art_ray.sandbox import SandboxLimits, SharedSandboxes
 
+SANDBOXES = SharedSandboxes(name="placed", slots=2, limits=SandboxLimits(wall_s=10), first_uid=174000)
 
-async def lease_once(sandboxes: SharedSandboxes) -> str:
-    async with sandboxes.lease(ttl_s=60) as box:
-        return (await box.run("echo leased")).stdout.strip()
+
+async def lease(index: int) -> tuple[str, str]:
+    async with SANDBOXES.lease(ttl_s=60) as box:
+        result = await box.run(f"sleep 0.3; echo {index}")
+        return result.stdout.strip(), await box.host.node_id.remote()
+
+
+async def leases() -> list[tuple[str, str]]:
+    return await asyncio.gather(*(lease(index) for index in range(12)))
 
 
 def main() -> None:
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
-    node = cluster.add_node(num_cpus=2, resources={"sandbox": 1})
+    sandbox_nodes = [cluster.add_node(num_cpus=1, resources={"sandbox": 1}).node_id for _ in range(2)]
     ray.init(address=cluster.address)
-    sandboxes = SharedSandboxes(name="placed", slots=1, limits=SandboxLimits(wall_s=10), first_uid=174000)
-    output = asyncio.run(lease_once(sandboxes))
-    host = ray.get_actor("placed")
+    done = asyncio.run(leases())
+    stats = ray.get(ray.get_actor("placed").stats.remote())
     print(
         json.dumps(
-            {"output": output, "host_node": ray.get(host.node_id.remote()), "sandbox_node": node.node_id}
+            {
+                "outputs": [output for output, _ in done],
+                "nodes_used": sorted({node for _, node in done}),
+                "sandbox_nodes": sorted(sandbox_nodes),
+                "stats": stats,
+            }
         )
     )
     ray.shutdown()

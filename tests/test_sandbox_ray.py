@@ -84,12 +84,15 @@ def test_a_host_asking_for_sandbox_nodes_waits_for_one(ray_cluster) -> None:
 
 @pytest.mark.slow
 def test_shared_sandboxes_go_to_the_sandbox_nodes_of_a_cluster_that_has_them(tmp_path: Path) -> None:
-    """On a simulated cluster whose CPU node offers {"sandbox": 1} and whose head does not, the job's host
-    lands on that node (tests/sandbox_nodes_driver.py, in its own process)."""
+    """On a simulated cluster with two CPU nodes offering {"sandbox": 1} and a head that does not, the
+    job's router puts a host on each sandbox node and spreads overlapping leases over both
+    (tests/sandbox_nodes_driver.py, in its own process)."""
     driver = Path(__file__).with_name("sandbox_nodes_driver.py")
     completed = subprocess.run(
         [sys.executable, str(driver)], capture_output=True, text=True, timeout=300, cwd=tmp_path
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     placed = json.loads(completed.stdout.strip().splitlines()[-1])
-    assert placed["output"] == "leased" and placed["host_node"] == placed["sandbox_node"]
+    assert placed["outputs"] == [str(index) for index in range(12)]
+    assert placed["nodes_used"] == placed["sandbox_nodes"]  # both sandbox nodes, never the head
+    assert placed["stats"]["leased"] == 0 and sorted(placed["stats"]["hosts"]) == placed["sandbox_nodes"]

@@ -1,6 +1,7 @@
 """Sandboxes every rollout of a job leases from, wherever it runs: on Ray (rollouts in rollout runners),
-one named host actor of the job (RaySandboxPool), started by the first lease; without Ray (a driver that
-trains through HTTPBackend runs its rollouts in place), a pool in this process.
+the job's router of that name (router.py: a host on each sandbox node, leases first come first served to
+the host with the most free slots), made by the first lease; without Ray (a driver that trains through
+HTTPBackend runs its rollouts in place), a pool in this process.
 
     SANDBOXES = SharedSandboxes(name="my-agent", slots=4, limits=SandboxLimits(wall_s=5), first_uid=130000)
 
@@ -8,8 +9,8 @@ trains through HTTPBackend runs its rollouts in place), a pool in this process.
         result = await box.python(code)
 
 A SharedSandboxes holds only its settings, so a rollout function that names it pickles; the pools are
-this module's, one per Ray job (a new session's host is another actor; a host that died is made again by
-the next lease) or per event loop (a process that runs many short-lived loops should lease from one).
+this module's, one per Ray job (a new session's router is another actor; a host that died is made again
+while its node lives) or per event loop (a process that runs many short-lived loops should lease from one).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from art_ray.sandbox.pool import SandboxPool
 from art_ray.sandbox.types import LeasedSandbox, SandboxLimits
 
 T = TypeVar("T")
-SANDBOX_RESOURCE = "sandbox"  # the custom resource of the nodes meant for sandboxes
+# a local pool's uids start past this many hosts' (a simulated cluster's hosts share the machine)
+LOCAL_UID_OFFSET_HOSTS = 64
 
 
 class SharedSandboxes(pydantic.BaseModel):
@@ -37,33 +39,30 @@ class SharedSandboxes(pydantic.BaseModel):
     name: str
     slots: int = pydantic.Field(4, gt=0)
     limits: SandboxLimits = pydantic.Field(default_factory=SandboxLimits)
-    # the host's slots run as first_uid.. first_uid + slots - 1, a local pool's from first_uid + slots:
-    # two pools at once must not share uids (namespaces.py)
+    # the hosts' slots run from first_uid on (slots uids per host), a local pool's from first_uid + 64 *
+    # slots: two pools at once on one machine must not share uids (namespaces.py)
     first_uid: int = 100000
-    # where the host goes: None, on a node that offers the custom resource `sandbox` when the cluster has
-    # one (cluster.yaml's sandbox_cpu nodes, KubeRay's sandbox group), else anywhere; {} anywhere
-    resources: dict[str, float] | None = None
+    # the custom resource of the nodes meant for sandboxes: a host on each node that offers it (cluster.yaml's
+    # sandbox_cpu, KubeRay's sandbox group), one anywhere when none does
+    node_resource: str = "sandbox"
 
     @contextlib.asynccontextmanager
     async def lease(self, ttl_s: float = 600.0) -> AsyncIterator[LeasedSandbox]:
         """A box for one rollout; `ttl_s` only reaps a lease whose holder died."""
         ray = sys.modules.get("ray")  # not imported: not initialized either (and this floor stays light)
         if ray is not None and ray.is_initialized():
-            from art_ray.sandbox.host import RaySandboxPool
+            from art_ray.sandbox.router import RaySandboxFleet
 
             key = (self.name, ray.get_runtime_context().get_job_id())
-            if key not in _hosts:
-                resources = self.resources
-                if resources is None:  # the cluster's nodes decide, never this process's own machine
-                    resources = {SANDBOX_RESOURCE: 1} if ray.cluster_resources().get(SANDBOX_RESOURCE) else {}
-                _hosts[key] = await RaySandboxPool.start(
-                    self.slots, self.limits, resources, self.first_uid, name=self.name
+            if key not in _fleets:
+                _fleets[key] = await RaySandboxFleet.start(
+                    self.name, self.slots, self.limits, self.first_uid, self.node_resource
                 )
             try:
-                async with _hosts[key].lease(ttl_s) as remote:
+                async with _fleets[key].lease(ttl_s) as remote:
                     yield remote
-            except ray.exceptions.RayActorError:  # the host died: the next lease makes a new one
-                _hosts.pop(key, None)
+            except ray.exceptions.RayActorError:  # its router or host died: the next lease looks again
+                _fleets.pop(key, None)
                 raise
             return
         pool = await self._local_pool()
@@ -73,7 +72,7 @@ class SharedSandboxes(pydantic.BaseModel):
     async def _local_pool(self) -> SandboxPool:
         key = (self.name, asyncio.get_running_loop())
         if key not in _local_pools:  # a task: leases that come while it starts wait for the same pool
-            backend = NamespaceBackend(self.first_uid + self.slots)
+            backend = NamespaceBackend(self.first_uid + LOCAL_UID_OFFSET_HOSTS * self.slots)
             _local_pools[key] = asyncio.create_task(_started(SandboxPool(self.slots, self.limits, backend)))
         return await _local_pools[key]
 
@@ -95,7 +94,7 @@ async def _started(pool: SandboxPool) -> SandboxPool:
     return pool
 
 
-_hosts: dict[tuple[str, str], Any] = {}
+_fleets: dict[tuple[str, str], Any] = {}
 _local_pools: dict[tuple[str, asyncio.AbstractEventLoop], asyncio.Task[SandboxPool]] = {}
 _loop: list[asyncio.AbstractEventLoop] = []
 _loop_lock = threading.Lock()
