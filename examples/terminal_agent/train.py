@@ -32,7 +32,7 @@ from repos import (  # noqa: E402
 
 import art_ray  # noqa: E402
 from art_ray import TrainableModel, TrainConfig, Trajectory  # noqa: E402
-from art_ray.sandbox import SANDBOX_TOOLS, SandboxLimits, SandboxTools, SharedSandboxes  # noqa: E402
+from art_ray.sandbox import SandboxLimits, SandboxTools, SharedSandboxes  # noqa: E402
 
 SANDBOXES = SharedSandboxes(
     name="terminal-agent-sandboxes",
@@ -41,17 +41,38 @@ SANDBOXES = SharedSandboxes(
     limits=SandboxLimits(wall_s=10, cpu_s=10, memory_mb=512, processes=32, output_bytes=2048),
     first_uid=140000,  # apart from code_math's (120000) and the tests' (170000-172999)
 )
-SUBMIT = {
-    "type": "function",
-    "function": {
-        "name": "submit",
-        "description": "End the task: call it once the tests pass.",
-        "parameters": {"type": "object", "properties": {}},
-    },
-}
-# no `python` tool: its schema's tokens buy nothing bash does not do here
-TOOLS = [tool for tool in SANDBOX_TOOLS if tool["function"]["name"] in ("bash", "str_replace_editor")] + [
-    SUBMIT
+
+
+def function(name: str, description: str, properties: dict, required: list[str]) -> dict:
+    parameters = {
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": False,
+    }
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": parameters},
+    }
+
+
+# art-ray's bash and str_replace_editor (answered by SandboxTools, whose argument models accept these
+# calls), with only the fields this task needs: the full schemas take ~550 of a 135M model's tokens
+TEXT = {"type": "string"}
+TOOLS = [
+    function("bash", "Run a bash command in /workspace.", {"command": TEXT}, ["command"]),
+    function(
+        "str_replace_editor",
+        "view a file, or str_replace: replace old_str (found once) by new_str in path.",
+        {
+            "command": {"type": "string", "enum": ["view", "str_replace"]},
+            "path": TEXT,
+            "old_str": TEXT,
+            "new_str": TEXT,
+        },
+        ["command", "path"],
+    ),
+    function("submit", "End the task once the test passes.", {}, []),
 ]
 SYSTEM = (
     "You are a programmer working in a terminal, in the folder /workspace. Use the tools: bash runs a "
