@@ -60,6 +60,12 @@ def training_openapi(title: str = "art-ray training") -> dict[str, Any]:
                 },
             }
         }
+    # what a client does with a model it registered (Schemathesis follows these in stateful runs)
+    registered = {"model": "$request.body#/name"}
+    paths["/register"]["post"]["responses"]["200"]["links"] = {
+        f"Then_{path.strip('/')}": {"operationId": path.strip("/"), "requestBody": registered}
+        for path in ("/step", "/traffic", "/release", "/log", "/train")
+    }
     models_answer = {
         "type": "object",
         "properties": {"models": {"type": "array", "items": {"type": "string"}}},

@@ -53,16 +53,27 @@ class SharedSandboxes(pydantic.BaseModel):
         if ray is not None and ray.is_initialized():
             from art_ray.sandbox.router import RaySandboxFleet
 
-            key = (self.name, ray.get_runtime_context().get_job_id())
-            if key not in _fleets:
-                _fleets[key] = await RaySandboxFleet.start(
+            key = (self.name, ray.get_runtime_context().get_job_id(), asyncio.get_running_loop())
+            if key not in _fleets:  # started once: the handle that made the router must live on, since an
+                # actor goes when its maker's references do
+                start = RaySandboxFleet.start(
                     self.name, self.slots, self.limits, self.first_uid, self.node_resource
                 )
+                _fleets[key] = asyncio.ensure_future(start)
+            starting = _fleets[key]
             try:
-                async with _fleets[key].lease(ttl_s) as remote:
+                fleet = await asyncio.shield(starting)
+            except Exception:
+                if starting.done() and _fleets.get(key) is starting:  # it failed: the next lease tries again
+                    _fleets.pop(key)
+                raise
+            try:
+                async with fleet.lease(ttl_s) as remote:
                     yield remote
-            except ray.exceptions.RayActorError:  # its router or host died: the next lease looks again
-                _fleets.pop(key, None)
+            except ray.exceptions.RayActorError as error:
+                # the router died: the next lease makes another (a host that died is the router's to replace)
+                if error.actor_id == fleet.router._actor_id.hex():
+                    _fleets.pop(key, None)
                 raise
             return
         pool = await self._local_pool()
@@ -94,7 +105,7 @@ async def _started(pool: SandboxPool) -> SandboxPool:
     return pool
 
 
-_fleets: dict[tuple[str, str], Any] = {}
+_fleets: dict[tuple[str, str, asyncio.AbstractEventLoop], asyncio.Future[Any]] = {}
 _local_pools: dict[tuple[str, asyncio.AbstractEventLoop], asyncio.Task[SandboxPool]] = {}
 _loop: list[asyncio.AbstractEventLoop] = []
 _loop_lock = threading.Lock()
