@@ -89,7 +89,7 @@ async def test_an_episode_through_the_agent_tools() -> None:
 async def test_one_rollout_of_smollm2_runs_in_the_jobs_sandbox_host(smollm2_model) -> None:  # noqa: ANN001
     import ray
 
-    from art_ray.sampling import sampled_tokens
+    from art_ray import sampled_tokens
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     import learning
