@@ -124,8 +124,10 @@ class SandboxRouter:
     async def acquire(self, ttl_s: float) -> tuple[ray.actor.ActorHandle, str, str]:
         """(host, the host's lease id, the router's lease id) once a slot is free anywhere, in arrival
         order."""
-        if time.monotonic() - self.refreshed > REFRESH_S:
+        if not self.hosts or time.monotonic() - self.refreshed > REFRESH_S:
             await self._refresh()
+        if not self.hosts:
+            raise SandboxError("no sandbox host could start (see the hosts' errors in the Ray logs)")
         node = None if self.waiters else self._take()
         if node is None:
             if len(self.waiters) >= self.max_waiting:
