@@ -33,13 +33,9 @@ class SandboxHost:
         backend = NamespaceBackend(first_uid)
         self.pool = SandboxPool(slots, SandboxLimits.model_validate(limits), backend, max_waiting)
         self.leases: dict[str, Sandbox] = {}
-        self.starting: asyncio.Task | None = None
 
     async def start(self) -> float:
-        """Idempotent: every caller of a named host (RaySandboxPool.start(name=...)) asks it to start."""
-        if self.starting is None:
-            self.starting = asyncio.create_task(self.pool.start())
-        await self.starting
+        await self.pool.start()
         return self.pool.started_s
 
     async def acquire(self, ttl_s: float) -> str:
@@ -127,17 +123,13 @@ class RaySandboxPool:
         limits: SandboxLimits | None = None,
         resources: dict[str, float] | None = None,
         first_uid: int = 100000,
-        name: str | None = None,
     ) -> RaySandboxPool:
         """A host actor with `slots` warm slots, on a node with `resources` (default `{"sandbox": 1}`).
-        `name`: the job's host of that name, made by the first caller (rollouts running anywhere in the
-        job share it; the others' settings are ignored)."""
+        A job's rollouts share hosts through SharedSandboxes (router.py) instead."""
         actor = ray.remote(SandboxHost).options(
             num_cpus=0,
             resources={"sandbox": 1} if resources is None else resources,
             max_concurrency=1000,  # leases wait inside the pool's FIFO, not in Ray's queue
-            name=name,
-            get_if_exists=name is not None,
         )
         host = actor.remote(slots, (limits or SandboxLimits()).model_dump(), first_uid)
         await host.start.remote()
