@@ -70,11 +70,14 @@ class Tracker:
         self._client = client
 
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
+        """Finite values under names MLflow stores (a trajectory's metric named "" or with a control
+        character would fail the whole batch); the rest stay in the Parquet only."""
         finite = {
             name.replace("@", "_"): float(value)
             for name, value in metrics.items()
             if isinstance(value, int | float)
             and math.isfinite(float(value))
+            and storable_metric_name(name.replace("@", "_"))
             and (name.replace("@", "_"), step) not in self._logged_before
         }
         if finite:
@@ -91,6 +94,16 @@ class Tracker:
 
     def history(self, metric: str) -> dict[int, float]:
         return {m.step: m.value for m in self._client.get_metric_history(self.run_id, metric)}
+
+
+def storable_metric_name(name: str) -> bool:
+    from mlflow.utils.validation import MAX_ENTITY_KEY_LENGTH, path_not_unique, validate_param_and_metric_name
+
+    return bool(
+        0 < len(name) <= MAX_ENTITY_KEY_LENGTH
+        and validate_param_and_metric_name(name)
+        and not path_not_unique(name)
+    )
 
 
 def save_trajectories(model_dir: str, split: str, step: int, groups: list[TrajectoryGroup]) -> str:

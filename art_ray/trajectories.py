@@ -302,6 +302,13 @@ class Trajectory(_ConversationModel):
                     raise MissingTokenDataError(f"{where}: {error}") from None
 
 
+def _check_iterable(field: str, value: Any) -> None:
+    """A group's list fields take lists or iterators; a string, a mapping or a number is a caller's (or a
+    request body's) mistake, said as a validation error rather than iterated or crashed on."""
+    if isinstance(value, str | bytes | dict) or not isinstance(value, Iterable):
+        raise ValueError(f"TrajectoryGroup.{field} must be a list, not {type(value).__name__}")
+
+
 class TrajectoryGroup(pydantic.BaseModel):
     """Trajectories for the same scenario; GRPO compares rewards within a group.
 
@@ -327,6 +334,7 @@ class TrajectoryGroup(pydantic.BaseModel):
     ) -> None:
         if not isinstance(trajectories, list | tuple) and "trajectories" in self.__dict__:
             return  # __new__ already built the group from this iterator, which is now consumed
+        _check_iterable("exceptions", exceptions)
         items = list(trajectories)
         found = [item for item in items if isinstance(item, BaseException)]
         recorded = [
@@ -342,6 +350,7 @@ class TrajectoryGroup(pydantic.BaseModel):
 
     def __new__(cls, trajectories: Iterable[Any] = (), **kwargs: Any) -> Any:
         # ART lets a group be built from rollout coroutines and then awaited.
+        _check_iterable("trajectories", trajectories)
         items = trajectories if isinstance(trajectories, list | tuple) else list(trajectories)
         if any(isinstance(item, Awaitable) for item in items):
             return PendingTrajectoryGroup(list(items), **kwargs)

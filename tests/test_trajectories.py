@@ -153,3 +153,19 @@ def test_group_from_a_generator_keeps_its_trajectories_and_exceptions() -> None:
     assert group.rewards == [0.0, 1.0]
     assert [e.message for e in group.exceptions] == ["lost"]
     assert group.metadata == {"k": 1}
+
+
+@pytest.mark.parametrize(
+    "group", [{"trajectories": 1.5}, {"exceptions": ""}, {"trajectories": "abc"}, {"exceptions": {"a": 1}}]
+)
+def test_a_group_list_field_of_another_type_is_a_validation_error(group: dict) -> None:
+    """Found by fuzzing /_art/train: a float for `trajectories` was a TypeError (a 500), a string for
+    `exceptions` an empty list (accepted); both are validation errors now (a 400 on the wire)."""
+    import pydantic
+
+    from art_ray.remote.protocol import LogRequest, TrainRequest
+
+    with pytest.raises(pydantic.ValidationError, match="must be a list"):
+        TrainRequest.model_validate({"model": "m", "groups": [group]})
+    with pytest.raises(pydantic.ValidationError, match="metric name"):
+        LogRequest.model_validate({"model": "m", "groups": [], "metrics": {"": 1.0}})

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 DEFAULT_ROUTE_PREFIX = "/_art"
 SPLIT_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+METRIC_NAME_PATTERN = re.compile(r"[/\w.\- :]{1,250}")  # MLflow's metric names
 
 
 class _Message(pydantic.BaseModel):
@@ -104,6 +105,17 @@ class LogRequest(ModelRef):
     groups: list[TrajectoryGroup]
     split: str = "val"
     metrics: dict[str, float] = pydantic.Field(default_factory=dict)
+
+    @pydantic.field_validator("metrics")
+    @classmethod
+    def _metric_names_mlflow_stores(cls, value: dict[str, float]) -> dict[str, float]:
+        for name in value:
+            if not METRIC_NAME_PATTERN.fullmatch(name):
+                raise ValueError(
+                    f"metric name {name!r}: 1-250 letters, digits, '_', '-', '.', ' ', ':' or '/' "
+                    "(the names MLflow stores)"
+                )
+        return value
 
     @pydantic.field_validator("split")
     @classmethod
