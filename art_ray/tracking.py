@@ -72,13 +72,14 @@ class Tracker:
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
         """Finite values under names MLflow stores (a trajectory's metric named "" or with a control
         character would fail the whole batch); the rest stay in the Parquet only."""
+        stored = {name.replace("@", "_"): value for name, value in metrics.items()}
         finite = {
-            name.replace("@", "_"): float(value)
-            for name, value in metrics.items()
+            name: float(value)
+            for name, value in stored.items()
             if isinstance(value, int | float)
             and math.isfinite(float(value))
-            and storable_metric_name(name.replace("@", "_"))
-            and (name.replace("@", "_"), step) not in self._logged_before
+            and storable_metric_name(name)
+            and (name, step) not in self._logged_before
         }
         if finite:
             from mlflow.entities import Metric

@@ -54,7 +54,7 @@ class SandboxRouter:
         self.leases: dict[str, tuple[str, str]] = {}  # router lease id -> (node, the host's lease id)
         self.waiters: collections.deque[asyncio.Future[str]] = collections.deque()
         self.refreshed = 0.0
-        self.refreshing: asyncio.Lock | None = None
+        self.refreshing = asyncio.Lock()
 
     async def start(self) -> list[str]:
         """Idempotent: the nodes with a host."""
@@ -62,7 +62,6 @@ class SandboxRouter:
         return sorted(self.hosts)
 
     async def _refresh(self) -> None:
-        self.refreshing = self.refreshing or asyncio.Lock()
         async with self.refreshing:
             nodes = [
                 node["NodeID"]

@@ -76,8 +76,7 @@ class SharedSandboxes(pydantic.BaseModel):
                     _fleets.pop(key, None)
                 raise
             return
-        pool = await self._local_pool()
-        async with pool.lease(ttl_s) as box:
+        async with self.lease_here(ttl_s) as box:
             yield box
 
     async def _local_pool(self) -> SandboxPool:
