@@ -129,12 +129,15 @@ def table_to_groups(table: pa.Table) -> list[TrajectoryGroup]:
 
 
 def write_trajectory_groups(groups: list[TrajectoryGroup], path: str | Path) -> None:
-    """Write groups to one Parquet file at a local path or pyarrow.fs URI (parent folders are created)."""
+    """Write groups to one Parquet file at a local path or pyarrow.fs URI (parent folders are created).
+    The file is written beside and moved into place, so a crash mid-write leaves the old file whole."""
     filesystem, inner = resolve_filesystem(path)
     parent = inner.rsplit("/", 1)[0]
     if parent:
         filesystem.create_dir(parent, recursive=True)
-    pq.write_table(groups_to_table(groups), inner, filesystem=filesystem)
+    partial = f"{inner}.partial"
+    pq.write_table(groups_to_table(groups), partial, filesystem=filesystem)
+    filesystem.move(partial, inner)
 
 
 def read_trajectory_groups(path: str | Path) -> list[TrajectoryGroup]:

@@ -8,7 +8,8 @@ import statistics
 import time
 from typing import Any
 
-from art_ray.parquet import write_trajectory_groups
+from art_ray import storage
+from art_ray.parquet import read_trajectory_groups, write_trajectory_groups
 from art_ray.trajectories import TrajectoryGroup
 
 RUN_TAG = "art_ray.model"
@@ -108,6 +109,10 @@ def storable_metric_name(name: str) -> bool:
 
 
 def save_trajectories(model_dir: str, split: str, step: int, groups: list[TrajectoryGroup]) -> str:
+    """The groups into the split's file of the step; a step's file keeps the groups of every call that
+    logged at it (many `model.log` calls at one step, capture sessions logged as they end), in order."""
     path = f"{model_dir}/trajectories/{split}/{step:04d}.parquet"
+    if storage.exists(path):
+        groups = [*read_trajectory_groups(path), *groups]
     write_trajectory_groups(groups, path)
     return path

@@ -33,3 +33,28 @@ def test_metric_names_mlflow_cannot_store_stay_out_of_the_batch() -> None:
     assert storable_metric_name("val/reward") and storable_metric_name("train/a b:c-d.e_f")
     assert not storable_metric_name("") and not storable_metric_name("a\x10b")
     assert not storable_metric_name("x" * 251) and not storable_metric_name("a/../b")
+
+
+def test_every_log_at_one_step_keeps_its_groups_in_the_step_file(tmp_path) -> None:
+    """Found by the soak: capture sessions logged one by one at step 0 left only the last in the split's
+    Parquet (each call rewrote the file). Now the step's file holds every call's groups, in order."""
+    from art_ray import Trajectory, TrajectoryGroup, read_trajectory_groups
+    from art_ray.tracking import save_trajectories
+
+    def group(text: str) -> TrajectoryGroup:
+        messages = [{"role": "user", "content": text}, {"role": "assistant", "content": "ok"}]
+        return TrajectoryGroup([Trajectory(messages_and_choices=messages, reward=1.0)])
+
+    path = save_trajectories(str(tmp_path), "val", 0, [group("first")])
+    assert save_trajectories(str(tmp_path), "val", 0, [group("second"), group("third")]) == path
+    save_trajectories(str(tmp_path), "val", 1, [group("next step")])
+    kept = read_trajectory_groups(path)
+    assert [g.trajectories[0].messages_and_choices[0]["content"] for g in kept] == [
+        "first",
+        "second",
+        "third",
+    ]
+    assert sorted(p.name for p in (tmp_path / "trajectories" / "val").iterdir()) == [
+        "0000.parquet",
+        "0001.parquet",
+    ]
