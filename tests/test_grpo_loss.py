@@ -87,6 +87,24 @@ def test_policy_loss_matches_reference(loss_kind: str, old: list[float], beta: f
         assert result.clip_fraction.item() == 0
 
 
+def test_a_token_far_below_the_reference_is_bounded_in_the_kl_and_carries_no_gradient() -> None:
+    """verl's bounds on k3: a token whose logprob fell 12 below the reference's counts 10, not
+    exp(12) - 13, and moves nothing; the others keep their exact term and gradient."""
+    config = TrainConfig(beta=0.1)
+    ref = [-1.2, -0.4, -2.5, -0.3, -3.0]
+    far = [-1.0, -0.5, -14.5, -0.2, -2.0]  # token 2: ref - logp = 12
+    logp = torch.tensor(far, requires_grad=True)
+    result = policy_loss(
+        logp, torch.tensor(far), torch.zeros(5), torch.tensor(WEIGHTS), config, torch.tensor(ref)
+    )
+    terms = [math.exp(r - lp) - (r - lp) - 1 for r, lp in zip(ref, far, strict=True)]
+    expected = sum(w * min(t, 10.0) for w, t in zip(WEIGHTS, terms, strict=True))
+    assert terms[2] > 1e5 and result.kl.item() == pytest.approx(expected, rel=1e-5)
+    result.loss.backward()
+    assert logp.grad[2] == 0
+    assert logp.grad[0] == pytest.approx(0.1 * 0.25 * (1 - math.exp(ref[0] - far[0])), rel=1e-5)
+
+
 def test_clipped_cispo_tokens_still_get_gradient() -> None:
     config = TrainConfig(policy_loss="cispo")
     logp = torch.tensor(LOGP, requires_grad=True)
