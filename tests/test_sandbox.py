@@ -3,8 +3,9 @@ code is contained, the caller is unharmed, the slot stays usable, and nothing is
 after each test). The cases that hold for any backend also run over the bubblewrap adapter where `bwrap`
 is installed; on this box it is not, and those runs skip saying so (they have never run here).
 
-Runs as the box's user (root here): a normal user's run shares one uid between slots, so its per-slot
-process budget is not tested here."""
+Runs as the box's user (root here), and again as a normal user (`nobody`, where root can become it and it
+can run an interpreter): a normal user's slots share its own uid, so their per-slot process budget is the
+user's, and a file of the user's own in a bound folder is theirs to read."""
 
 from __future__ import annotations
 
@@ -27,19 +28,32 @@ from art_ray.sandbox import SandboxLimits, SandboxPool, run_tests
 from art_ray.sandbox.bubblewrap import BubblewrapBackend
 from art_ray.sandbox.namespaces import NamespaceBackend, default_read_only_paths
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the per-slot uids need root; see module docstring")
-
+ROOT = os.geteuid() == 0
 FIRST_UID = 170000  # not the default 100000: a bench or a demo on the box may hold those
 LIMITS = SandboxLimits(wall_s=3, cpu_s=5, memory_mb=256, processes=16, output_bytes=4096, workspace_mb=16)
 
 
+def namespaced_pids(process: Path) -> list[str]:
+    """The process's pid in each pid namespace it is in, outermost first (`NSpid` of its status, which
+    anyone may read; its ns/ links need ptrace rights a sandboxed process does not give)."""
+    line = next(line for line in (process / "status").read_text().splitlines() if line.startswith("NSpid:"))
+    return line.split()[1:]
+
+
 def sandbox_processes(first_uid: int = FIRST_UID) -> list[int]:
-    """Host pids of live processes owned by slot uids from `first_uid` on. Zombies do not count: a slot
-    whose parent died first is reaped by the host's pid 1, at its own pace (~2 s on this box)."""
+    """Host pids of live sandboxed processes: owned by slot uids from `first_uid` on (root's slots), or, for
+    a normal user, owned by the user and in a pid namespace below this one. Zombies do not count: a
+    slot whose parent died first is reaped by the host's pid 1, at its own pace (~2 s on this box)."""
     found = []
+    own_depth = len(namespaced_pids(Path("/proc/self")))
     for entry in Path("/proc").iterdir():
         try:
-            if not entry.name.isdigit() or not first_uid <= entry.stat().st_uid < first_uid + 64:
+            if not entry.name.isdigit():
+                continue
+            uid = entry.stat().st_uid
+            if ROOT and not first_uid <= uid < first_uid + 64:
+                continue
+            if not ROOT and (uid != os.geteuid() or len(namespaced_pids(entry)) <= own_depth):
                 continue
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except (FileNotFoundError, ProcessLookupError):
@@ -128,9 +142,10 @@ async def test_no_network_egress(backend: str) -> None:
 
 
 async def test_host_secrets_are_out_of_reach(backend: str) -> None:
-    """Even a folder bound into the sandbox keeps its owner's rights: the slot is uid 170000 outside, not
-    root (`unshare -r` as root would map it to host root and read the 0600 file). Not under /tmp: the
-    sandbox's own /tmp hides whatever is bound there."""
+    """Even a folder bound into the sandbox keeps its owner's rights: root's slot is uid 170000 outside,
+    not root (`unshare -r` as root would map it to host root and read the 0600 file); a normal user's slot
+    is the user, who reads their own 0600 file and still no one else's. Not under /tmp: the sandbox's own
+    /tmp hides whatever is bound there."""
     shared = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="artray-shared-"))
     shared.chmod(0o755)
     (shared / "secret").write_text("root only")
@@ -143,7 +158,10 @@ async def test_host_secrets_are_out_of_reach(backend: str) -> None:
         async with pool(read_only_paths=paths, backend=backend) as sandboxes, sandboxes.lease() as box:
             assert (await box.run(f"cat {shared}/public")).stdout == "anyone"
             secret = await box.run(f"cat {shared}/secret; echo appended >> {shared}/secret")
-            assert "root only" not in secret.stdout and "Permission denied" in secret.stderr
+            if ROOT:
+                assert "root only" not in secret.stdout and "Permission denied" in secret.stderr
+            else:  # the user's own file; the folder is still read-only
+                assert secret.stdout == "root only" and "Read-only file system" in secret.stderr
             for path in ("/etc/shadow", "/root/.bashrc", "/root/.ssh/id_rsa"):
                 assert (await box.run(f"cat {path}")).exit_code != 0, path
             environ = await box.run("cat /proc/1/environ /proc/self/environ | tr '\\0' '\\n'; env")
@@ -421,3 +439,70 @@ def test_the_guide_example_runs() -> None:
         cwd=Path(__file__).parents[1],
     )
     assert completed.stdout.split("\n") == ["5 0", "True", "passed 1.0", ""], completed.stderr[-2000:]
+
+
+AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def nobody_interpreter() -> str | None:
+    """An interpreter `nobody` can run that takes this one's packages: this one, or the system's of the
+    same version."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    for candidate in (sys.executable, f"/usr/bin/python{version}"):
+        # it must start itself again, as the pool does (`setpriv` started this box's virtual environment's
+        # interpreter, which lies under root's 0700 home, where the interpreter's own exec of it failed)
+        runs_itself = "import subprocess, sys; subprocess.run([sys.executable, '-c', ''], check=True)"
+        probe = subprocess.run(
+            [*AS_NOBODY, candidate, "-c", f"{runs_itself}; print(sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            env={},
+        )
+        if probe.returncode == 0 and probe.stdout.strip() == str(sys.version_info[:2]):
+            return candidate
+    return None
+
+
+@pytest.mark.skipif(not ROOT, reason="the normal user's run of this battery is this module itself")
+def test_the_battery_holds_for_a_normal_user() -> None:
+    """Every case above again as `nobody` (its slots share its uid; the leak check finds its processes by
+    their pid namespace): found that way, a system interpreter's slot had no `python` (Debian's
+    /usr/bin holds python3.11 alone), so the slot now names its interpreter `python` and `python3`."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("becoming `nobody` needs util-linux's setpriv, which this host lacks")
+    interpreter = nobody_interpreter()
+    if interpreter is None:
+        pytest.skip("no interpreter of this version that `nobody` can run")
+    home = tempfile.mkdtemp(prefix="artray-nobody-")
+    os.chmod(home, 0o777)
+    packages = [path for path in sys.path if path.endswith("site-packages")]
+    repo = Path(__file__).parents[1]
+    try:
+        run = subprocess.run(
+            [
+                *AS_NOBODY,
+                interpreter,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                __file__,
+                "-k",
+                "not nobody",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=repo,
+            env={
+                "HOME": home,
+                "PATH": "/usr/bin:/bin",
+                "PYTHONPATH": os.pathsep.join([str(repo), *packages]),
+            },
+        )
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-2000:]
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    assert int(summary.split(" passed")[0].split()[-1]) >= 20, summary

@@ -16,6 +16,9 @@ from pathlib import Path
 from art_ray.errors import SandboxError, SandboxFileError
 from art_ray.sandbox.types import ExecResult, SandboxLimits
 
+# a folder of the slot's root holding `python` and `python3`: the interpreter's names
+INTERPRETER_NAMES = "/.interpreter"
+
 ZYGOTE = Path(__file__).with_name("zygote.py")
 # slack past a command's own timeout before the caller calls the slot broken (the slot enforces the timeout)
 REPLY_GRACE_S = 5.0
@@ -46,7 +49,11 @@ class NamespaceBackend:
             "uid": self.first_uid + index if root else os.geteuid(),
             "drop_groups": root,
             "read_only_paths": self.read_only_paths,
-            "path": f"{sys.prefix}/bin:/usr/local/bin:/usr/bin:/bin",
+            # last: `python` and `python3` name this interpreter where its folder has no such names (a
+            # system interpreter is /usr/bin/python3.11 alone on Debian)
+            "path": f"{sys.prefix}/bin:/usr/local/bin:/usr/bin:/bin:{INTERPRETER_NAMES}",
+            "interpreter": sys.executable,
+            "interpreter_names": INTERPRETER_NAMES,
             # the zygote starts with -S (site's .pth files, art_ray's editable finder among them, cost ~45 ms
             # of a ~100 ms start): the model's Python gets the site-packages folders without their .pth hooks
             "site_packages": [path for path in sys.path if path.endswith("site-packages")],

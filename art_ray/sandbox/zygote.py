@@ -232,6 +232,10 @@ def build_root(config: dict, opened: dict[str, int]) -> None:
     for name in ETC_FROM_HOST:
         if f"/etc/{name}" in opened:
             bind_read_only(f"/etc/{name}", f"{root}/etc/{name}", opened)
+    names = root + config["interpreter_names"]
+    os.makedirs(names)
+    for name in ("python", "python3"):
+        os.symlink(config["interpreter"], f"{names}/{name}")
     os.makedirs(f"{root}/dev", exist_ok=True)
     mount("tmpfs", f"{root}/dev", "tmpfs", MS_NOSUID, "size=64k,mode=755")
     for name in ("null", "zero", "full", "random", "urandom"):
