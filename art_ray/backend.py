@@ -112,9 +112,13 @@ class RayBackend:
         self._max_lora_rank = 0
         self._layout: str | None = None
         self._trainers: dict[str, TrainerGroup] = {}
-        # per model, the last train call: its checkpoint is written in the background, and if a rank dies
-        # before it is complete the restarted group runs the call again (same groups, same step)
-        self._last_call: dict[str, Callable[[TrainerGroup], AsyncIterator[TrainEvent]]] = {}
+        # per model, the last call that made a step (a train call, or a Tinker optim_step with the
+        # forward_backward calls it applied): its checkpoint is written in the background, and if a rank
+        # dies before it is complete the restarted group makes the step again (same data, same step)
+        self._last_call: dict[str, Callable[[TrainerGroup], Awaitable[None]]] = {}
+        # per Tinker run, its forward_backward calls since its last optim_step: their gradients live on
+        # the ranks until then, so a restarted group is sent them again
+        self._tinker_pending: dict[str, list[ForwardBackwardCall]] = collections.defaultdict(list)
         self._trackers: dict[str, Tracker] = {}
         self._restarting = asyncio.Lock()
         self._started_ray = False
@@ -435,28 +439,58 @@ class RayBackend:
     ) -> ForwardBackwardResult:
         """Per-datum logprobs and loss terms under the run's current adapter; the call's gradients (its
         losses summed) are applied by the run's next `optim_step`. TinkerUserError for a malformed call."""
-        return await self._in_flight(model, self._trainer(model).tinker_forward_backward(call))
+        result = await self._in_flight(
+            model, self._tinker_retried(model, lambda trainer: trainer.tinker_forward_backward(call))
+        )
+        if not call.forward_only:
+            self._tinker_pending[model.name].append(call)
+        return result
 
     async def optim_step(self, model: TrainableModel, step: AdamStep) -> dict[str, float]:
         """One AdamW step on the gradients of the run's forward_backward calls since its last step; the
-        run's step advances. Nothing is published: `save_for_sampler` does that."""
-        return await self._in_flight(model, self._trainer(model).tinker_optim_step(step))
+        run's step advances (checkpointed in the background, as a train call's). Nothing is published:
+        `save_for_sampler` does that."""
+        metrics = await self._in_flight(
+            model, self._tinker_retried(model, lambda trainer: trainer.tinker_optim_step(step))
+        )
+        applied = self._tinker_pending.pop(model.name, [])
+
+        async def again(trainer: TrainerGroup) -> None:
+            for call in applied:
+                await trainer.tinker_forward_backward(call)
+            await trainer.tinker_optim_step(step)
+
+        self._last_call[model.name] = again
+        return metrics
 
     async def save_for_sampler(self, model: TrainableModel) -> int:
         """Publish the run's current adapter as `name@step` (served by every replica when this returns,
         and never changed after); the step."""
-        trainer = self._trainer(model)
-        await self._in_flight(model, trainer.publish_current())
-        return trainer.step
+        await self._in_flight(model, self._tinker_retried(model, lambda trainer: trainer.publish_current()))
+        return self._trainer(model).step
 
     async def save_state(self, model: TrainableModel, folder: str) -> None:
         """The run's training state (adapter, optimizer, step) into `folder`, complete when this returns."""
-        await self._in_flight(model, self._trainer(model).save_state(folder))
+        await self._in_flight(model, self._tinker_retried(model, lambda trainer: trainer.save_state(folder)))
 
     async def load_state(self, model: TrainableModel, folder: str, optimizer: bool = True) -> int:
         """A state `save_state` wrote into the run (its optimizer state too if `optimizer`); the step. The
         new adapter is served from the next `save_for_sampler` on."""
-        return await self._in_flight(model, self._trainer(model).load_state(folder, optimizer))
+        return await self._in_flight(
+            model, self._tinker_retried(model, lambda trainer: trainer.load_state(folder, optimizer))
+        )
+
+    async def _tinker_retried(
+        self, model: TrainableModel, call: Callable[[TrainerGroup], Awaitable[Result]]
+    ) -> Result:
+        """A Tinker verb; when a trainer rank died, the group is restarted (the run's steps and waiting
+        gradients with it, see `_restart_trainer`) and the verb runs once more."""
+        trainer = self._trainer(model)
+        try:
+            return await call(trainer)
+        except ray.exceptions.RayActorError as died:
+            await self._restart_dead(model, trainer, died)
+        return await call(self._trainer(model))
 
     async def _in_flight(self, model: TrainableModel, call: Awaitable[Result]) -> Result:
         with self._counted_in_flight(model):
@@ -501,28 +535,40 @@ class RayBackend:
         """Run a train call; when a trainer rank died, restart the group from its last complete
         checkpoint and run the call once more (its gradient steps stream again). Only the result's
         metrics are logged, once."""
+
+        async def again(trainer: TrainerGroup) -> None:
+            async for _ in call(trainer):
+                pass
+
         trainer = self._trainer(model)
         try:
             async for event in self._logged(model, call(trainer)):
                 yield event
-            self._last_call[model.name] = call
+            self._last_call[model.name] = again
             return
         except ray.exceptions.RayActorError as died:
-            # runs sharing the ranks all meet the dead rank: the first restarts them for every run
-            async with self._restarting:
-                if self._trainers.get(model.name) is trainer:
-                    reason = type(died).__name__
-                    print(f"art-ray: {model.name}: a trainer rank died ({reason}); restarting it", flush=True)
-                    await self._restart_trainer(model)
+            await self._restart_dead(model, trainer, died)
         async for event in self._logged(model, call(self._trainer(model))):
             yield event
-        self._last_call[model.name] = call
+        self._last_call[model.name] = again
+
+    async def _restart_dead(
+        self, model: TrainableModel, trainer: TrainerGroup, died: ray.exceptions.RayActorError
+    ) -> None:
+        """Restart the model's group after `trainer` met a dead rank, unless another call (runs sharing
+        the ranks all meet the dead rank) restarted it already."""
+        async with self._restarting:
+            if self._trainers.get(model.name) is trainer:
+                reason = type(died).__name__
+                print(f"art-ray: {model.name}: a trainer rank died ({reason}); restarting it", flush=True)
+                await self._restart_trainer(model)
 
     async def _restart_trainer(self, model: TrainableModel) -> None:
         """New ranks from the latest complete checkpoint, for the model and every run that shared its
         ranks. When a rank died while a run's last checkpoint was being written, that call runs again
         first, so its step is not lost (its metrics were logged when it returned and are not logged
-        again)."""
+        again); then a Tinker run's forward_backward calls since its last optim_step, so their gradients
+        wait on the new ranks as on the old."""
         from art_ray.trainer.group import TrainerGroup
 
         dead = self._trainers[model.name]
@@ -542,13 +588,16 @@ class RayBackend:
             self._trainers[name] = trainer
             if trainer.step == old.step - 1 and name in self._last_call:
                 print(f"art-ray: {name}: step {old.step} was not on storage; training it again")
-                async for _ in self._last_call[name](trainer):
-                    pass
+                await self._last_call[name](trainer)
             if trainer.step != old.step:
+                # gradients of the lost steps' adapter mean nothing to the one it goes on from
+                self._tinker_pending.pop(name, None)
                 lost = f"{name}: the trainer lost steps {trainer.step + 1}..{old.step} with its rank"
                 if name == model.name:
                     raise BackendError(f"{lost} (no complete checkpoint holds them)")
                 print(f"art-ray: {lost}; it goes on from step {trainer.step}", flush=True)
+            for call in self._tinker_pending.get(name, []):
+                await trainer.tinker_forward_backward(call)
 
     async def _logged(
         self, model: TrainableModel, events: AsyncIterator[TrainEvent]
@@ -689,6 +738,7 @@ class RayBackend:
         trainer = self._trainers.pop(name)
         await asyncio.to_thread(trainer.shutdown)
         self._last_call.pop(name, None)
+        self._tinker_pending.pop(name, None)
         self._last_used.pop(name, None)
         self._rolled_back.pop(name, None)
         tracker = self._trackers.pop(name, None)

@@ -251,6 +251,65 @@ async def test_a_killed_trainer_rank_is_restarted_and_its_step_ends_as_if_nothin
             stop_trainer(backend, model.name)
 
 
+async def test_a_tinker_run_keeps_its_steps_and_waiting_gradients_when_a_trainer_rank_dies(registered):
+    """Two Tinker runs share a trainer; it loses rank 0 after both runs' forward_backward calls of step 2,
+    before their optim_step, while the first run's step-1 checkpoint was not yet complete. Each optim_step
+    still returns step 2: step 1 is made again from its calls, the calls waiting for step 2 are sent to the
+    new ranks. Both adapters equal a third run's on its own ranks that no fault touched."""
+    import ray
+    from conftest import stop_trainer
+    from test_tinker_trainer import CONVERSATIONS, tinker_data
+    from transformers import AutoTokenizer
+
+    from art_ray.tinker.types import AdamStep, ForwardBackwardCall
+
+    backend, _ = registered
+    data = tinker_data(AutoTokenizer.from_pretrained(resolve_base_model("tiny")), CONVERSATIONS)
+    adam = AdamStep(learning_rate=1e-2, beta1=0.9, beta2=0.99, eps=1e-8)
+    shared = CONFIG.model_copy(update={"share_trainer": True, "micro_batch_rows": 2})
+    killed, sibling, untouched = (
+        TrainableModel(name=name, project="sdk-tests", base_model="tiny", config=config)
+        for name, config in (
+            ("tinker-killed", shared),
+            ("tinker-sibling", shared),
+            ("tinker-untouched", shared.model_copy(update={"share_trainer": False})),
+        )
+    )
+    models = (killed, sibling, untouched)
+    for model in models:
+        await model.register(backend)
+    ranks = backend._trainers[killed.name].ranks
+    assert backend._trainers[sibling.name].ranks is ranks
+    assert backend._trainers[untouched.name].ranks is not ranks
+    try:
+        for step in (1, 2):
+            for model in models:
+                await backend.forward_backward(
+                    model, ForwardBackwardCall(data=data[:1], loss_fn="cross_entropy")
+                )
+                await backend.forward_backward(
+                    model, ForwardBackwardCall(data=data[1:], loss_fn="cross_entropy")
+                )
+            if step == 2:  # rank 0 is gone, as on a lost node, before step 1's checkpoint was complete
+                trainer = backend._trainers[killed.name]
+                await trainer.wait_for_checkpoint()
+                (Path(trainer.config.checkpoint_dir(1)) / STATE_FILE).unlink()
+                ray.kill(trainer.workers[0])
+            for model in models:
+                await backend.optim_step(model, adam)
+                assert await backend.get_step(model) == step
+        assert backend._trainers[killed.name].ranks is not ranks
+        adapters = [await backend._trainers[m.name].adapter_tensors() for m in models]
+        assert any(tensor.abs().sum() > 0 for name, tensor in adapters[2].items() if "lora_B" in name)
+        for adapter in adapters[:2]:
+            assert adapter.keys() == adapters[2].keys()
+            for name, tensor in adapter.items():
+                torch.testing.assert_close(tensor, adapters[2][name], rtol=0, atol=1e-6, msg=name)
+    finally:
+        for model in models:
+            stop_trainer(backend, model.name)
+
+
 async def langchain_agent(session, prompt: str) -> float:  # noqa: ANN001
     """An agent that knows nothing of token ids or art-ray: only the base URL it is given."""
     from langchain_openai import ChatOpenAI

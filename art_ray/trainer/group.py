@@ -337,11 +337,14 @@ class TrainerGroup:
         )
 
     async def tinker_optim_step(self, step: AdamStep) -> dict[str, float]:
-        async with self.ranks.turn(self.run), self._on_device():
-            metrics = await self._tinker_call(
-                [worker.tinker_optim_step.remote(self.run, step) for worker in self.workers]
-            )
-            self.step = await self.workers[0].get_step.remote(self.run)
+        async with self.ranks.turn(self.run):
+            async with self._on_device():
+                metrics = await self._tinker_call(
+                    [worker.tinker_optim_step.remote(self.run, step) for worker in self.workers]
+                )
+                self.step = await self.workers[0].get_step.remote(self.run)
+            # as a train call's step: a rank lost later does not take the step with it
+            await self._start_checkpoint()
         return metrics[0]
 
     async def save_state(self, folder: str) -> None:
@@ -387,8 +390,18 @@ class TrainerGroup:
         start = time.perf_counter()
         registry = get_registry() if self.publish else None
         captured = [worker.publish_adapter.remote(self.run, registry) for worker in self.workers]
-        # one checkpoint in flight at most: the last one's files had this step's training to be written
-        # (a write's error, if any, surfaces here)
+        waited = await self._start_checkpoint()
+        published = await captured[0]
+        timings = {
+            "time/checkpoint_wait_seconds": waited,
+            "time/publish_enqueue_seconds": time.perf_counter() - start - waited,
+        }
+        return published, timings
+
+    async def _start_checkpoint(self) -> float:
+        """Start the current step's checkpoint, written while the next call runs; the seconds spent
+        waiting for the last one first (one in flight at most: its files had this step's training to be
+        written; a write's error, if any, surfaces here)."""
         waited = time.perf_counter()
         await self.wait_for_checkpoint()
         waited = time.perf_counter() - waited
@@ -401,12 +414,7 @@ class TrainerGroup:
         self._checkpoint_written = self.workers[0].mark_checkpoint_complete.remote(
             folder, self.step, *written
         )
-        published = await captured[0]
-        timings = {
-            "time/checkpoint_wait_seconds": waited,
-            "time/publish_enqueue_seconds": time.perf_counter() - start - waited,
-        }
-        return published, timings
+        return waited
 
     async def wait_for_checkpoint(self) -> None:
         """Until the last train call's checkpoint is complete on storage."""
