@@ -42,6 +42,13 @@ class TrainConfig(pydantic.BaseModel):
     # tool) renormalizes the engine's logprobs over the tokens it allows, so a forced token reads 0.0 and a
     # constrained choice's ratio is the probability of the allowed set, clipped as if it were off-policy.
     precalculate_logprobs: bool = False
+    # The temperature every trained token's logprobs are taken at (new, old and the reference's). None: the
+    # temperature it was sampled at, the gradient of the policy that sampled it, as TRL and verl train. A
+    # number trains every token as if sampled at it: 1.0 is how ART (and art-ray before it recorded
+    # temperatures) train; its gradient, on a token sampled at T < 1, is the tempered policy's plus a term
+    # that sharpens the choices of rewarded rollouts and flattens those of the others (docs: "Sampling
+    # temperature"). It needs precalculate_logprobs, so that the ratio still starts at 1.
+    train_temperature: float | None = pydantic.Field(default=None, gt=0)
     # Packed row length for this call (None: ModelConfig.sequence_length).
     packed_sequence_length: int | None = pydantic.Field(default=None, ge=16)
     # Train assistant messages that carry no sampled tokens (plain dicts: tokens from the chat template),
@@ -50,6 +57,15 @@ class TrainConfig(pydantic.BaseModel):
     # Return once every live replica serves the new step (the next rollouts sample from it); False returns
     # once it is published, while the replicas load it (~0.08 s on the CPU box).
     wait_for_replicas: bool = True
+
+    @pydantic.model_validator(mode="after")
+    def _old_logprobs_at_the_train_temperature(self) -> TrainConfig:
+        if self.train_temperature is not None and not self.precalculate_logprobs:
+            raise ValueError(
+                "train_temperature needs precalculate_logprobs=True: the engine's logprobs are those of the "
+                "temperature it sampled at, so the ratio would not start at 1"
+            )
+        return self
 
     @property
     def clip_high(self) -> float:

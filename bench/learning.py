@@ -120,31 +120,12 @@ def settings(task, args: argparse.Namespace) -> argparse.Namespace:  # noqa: ANN
     return defaults
 
 
-def as_if_sampled_at_one(rollout):  # noqa: ANN001, ANN201
-    """`rollout`, its choices' recorded temperature rewritten to 1: the trainer then computes every logprob
-    (new, old and the reference's) of the temperature-1 policy, as art-ray did before it used the sampling
-    temperature. Old logprobs must be the trainer's (precalculated): the engine's are at the sampled T."""
-    from openai.types.chat.chat_completion import Choice
-
-    from art_ray.sampling import CHOICE_KEY
-
-    async def at_one(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        trajectory = await rollout(*args, **kwargs)
-        for history in trajectory.histories():
-            for item in history.messages_and_choices:
-                extra = item.model_extra if isinstance(item, Choice) else None
-                if extra and CHOICE_KEY in extra:
-                    extra[CHOICE_KEY] = {**extra[CHOICE_KEY], "temperature": 1.0}
-        return trajectory
-
-    return at_one
-
-
 async def art_ray_curve(  # noqa: ANN001
     backend, task, seed: int, args: argparse.Namespace, as_if_one: bool = False
 ) -> dict:
     """One fresh model trained for the budget; held-out correctness at each evaluation. `as_if_one`: its
-    training choices train as if sampled at temperature 1 (evaluation is greedy either way)."""
+    choices train as if sampled at temperature 1 (`train_temperature=1.0`; evaluation is greedy either
+    way)."""
     import random
 
     from loop import evaluate, gather_and_train, task_model_config
@@ -153,8 +134,7 @@ async def art_ray_curve(  # noqa: ANN001
 
     run = settings(task, args)
     if as_if_one:
-        task = dataclasses.replace(task, rollout=as_if_sampled_at_one(task.rollout))
-        update: dict = {"precalculate_logprobs": True}
+        update: dict = {"precalculate_logprobs": True, "train_temperature": 1.0}
         if args.as_if_t1_beta is not None:
             update["beta"] = args.as_if_t1_beta
         run.train_config = run.train_config.model_copy(update=update)

@@ -59,6 +59,22 @@ def test_a_mixed_group_trains_each_token_at_its_own_temperature() -> None:
     assert all(t == 1.0 for t, w in zip(row.temperatures, row.weights, strict=True) if w == 0)
 
 
+def test_a_train_temperature_trains_every_token_at_it() -> None:
+    """TrainConfig.train_temperature: every trained token at that temperature, whatever it was sampled
+    at (ART's way at 1.0); the engine's logprobs are at the sampled one, so the trainer's must be used."""
+    group = TrajectoryGroup(
+        Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, choice(t, ids)], reward=r)
+        for t, ids, r in zip([0.5, 0.7], [(11, 12), (13,)], [1.0, 0.0], strict=True)
+    )
+    tokenizer = AutoTokenizer.from_pretrained(prepare(TINY))
+    sequences, _ = tokenize_groups([group], tokenizer, train_temperature=1.0)
+    [row] = pack_step(sequences, row_length=32).rows
+    assert {t for t, w in zip(row.temperatures, row.weights, strict=True) if w > 0} == {1.0}
+    with pytest.raises(ValueError, match="needs precalculate_logprobs"):
+        TrainConfig(train_temperature=1.0)
+    assert TrainConfig(train_temperature=1.0, precalculate_logprobs=True).train_temperature == 1.0
+
+
 def test_choices_without_sampling_params_are_told_once_per_run() -> None:
     model = TrainableModel(name="legacy", project="p", base_model="b")
     groups = [

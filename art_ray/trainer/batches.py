@@ -129,6 +129,7 @@ def history_sequences(
     *,
     plain_assistant: bool = False,
     sampled_logprobs: bool = True,
+    train_temperature: float | None = None,
 ) -> list[TokenSequence]:
     """The sequences of one conversation (one, unless multi-turn drift forces a cut: see the module's
     docstring). Trained: each choice's sampled tokens, and with `plain_assistant` the assistant messages
@@ -154,7 +155,7 @@ def history_sequences(
             prompt = tokens.prompt_token_ids or _render(tokenizer, messages[:index], tools)
             token_ids, logprobs = tokens.token_ids, tokens.logprobs
             if sampled_logprobs:  # SFT trains the tokens as data, at temperature 1
-                temperature = tokens.temperature
+                temperature = tokens.temperature if train_temperature is None else train_temperature
                 if tokens.sampling_params is None:
                     stats.choices_without_sampling_params += 1
                 elif tokens.sampling_params.truncates:
@@ -209,8 +210,10 @@ def tokenize_groups(
     tokenizer: Any,
     scale_rewards: bool = True,
     plain_assistant: bool = False,
+    train_temperature: float | None = None,
 ) -> tuple[list[TokenSequence], TokenizeStats]:
-    """Sequences of every trainable group, each token weighted so that every trajectory counts the same."""
+    """Sequences of every trainable group, each token weighted so that every trajectory counts the same;
+    each trained token at the temperature it was sampled at, or at `train_temperature`."""
     stats = TokenizeStats(num_groups=len(groups))
     trajectories: list[tuple[Trajectory, float, int]] = []
     for group_id, group in enumerate(groups):
@@ -234,6 +237,7 @@ def tokenize_groups(
                     tokenizer,
                     stats,
                     plain_assistant=plain_assistant,
+                    train_temperature=train_temperature,
                 )
             )
         tokens = sum(sequence.num_trainable for sequence in own)

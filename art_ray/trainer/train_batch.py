@@ -41,6 +41,7 @@ def rl_batches(
         tokenizer,
         scale_rewards=config.scale_rewards,
         plain_assistant=config.allow_training_without_logprobs,
+        train_temperature=config.train_temperature,
     )
     trajectory_ids = sorted({sequence.trajectory_id for sequence in sequences})
     count = max(1, min(config.num_gradient_steps, len(trajectory_ids)))
