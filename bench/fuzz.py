@@ -36,6 +36,7 @@ import tempfile
 import time
 import zlib
 from pathlib import Path
+from typing import NamedTuple
 
 import pydantic
 
@@ -266,38 +267,60 @@ def start_deployment() -> str:
     return base_url
 
 
-def start_training(storage: str) -> tuple[str, str]:
-    """The training server and its Tinker API on the same Serve (as `art-ray serve-training --tinker`), a
-    model TRAINED registered through it; the training routes' and the Tinker API's base URLs."""
-    from art_ray import HTTPBackend, TrainableModel
+class TrainingDeployment(NamedTuple):
+    """Where `start_training`'s routes answer: the server (an HTTPBackend's URL), its training routes, the
+    Tinker API, the OpenAI endpoint of the models trained there."""
+
+    server_url: str
+    training_url: str
+    tinker_url: str
+    endpoint_url: str
+
+
+def run_config(replicas: int = 1):  # noqa: ANN201
+    """The tiny model's LoRA runs as these benches register them, on `replicas` inference replicas: nothing
+    reserved, so two replicas and the trainer fit on 2 cores."""
     from art_ray.adapters.spec import LoRASpec
     from art_ray.model_config import ModelConfig
+
+    return ModelConfig(
+        lora=LoRASpec(r=8, alpha=16),
+        sequence_length=256,
+        max_model_len=512,
+        num_replicas=replicas,
+        replica_cpus=0,
+        trainer_cpus_per_rank=0,
+    )
+
+
+def start_training(storage: str, app: str = "fuzz-train", replicas: int = 1) -> TrainingDeployment:
+    """The training server and its Tinker API on the same Serve (as `art-ray serve-training --tinker`), its
+    inference app `app` (`replicas` replicas, made when the model TRAINED is registered through it)."""
+    from art_ray import HTTPBackend, TrainableModel
     from art_ray.models import resolve_base_model
     from art_ray.remote.protocol import DEFAULT_ROUTE_PREFIX
     from art_ray.remote.server import TrainingServerConfig, start_training_server
     from art_ray.tinker.config import TinkerConfig
 
-    run_config = ModelConfig(
-        lora=LoRASpec(r=8, alpha=16),
-        sequence_length=256,
-        max_model_len=512,
-        replica_cpus=0,
-        trainer_cpus_per_rank=0,
-    )
     config = TrainingServerConfig(
         storage=storage,
         api_key=KEY,
-        inference_app_name="fuzz-train",
-        inference_route_prefix="/fuzz-train",
+        inference_app_name=app,
+        inference_route_prefix=f"/{app}",
         tinker=TinkerConfig(
             base_models=["tiny", resolve_base_model("tiny")],
-            run_config=run_config.model_copy(update={"share_trainer": True}),
+            run_config=run_config(replicas).model_copy(update={"share_trainer": True}),
         ),
     )
     server_url = start_training_server(config)
-    model = TrainableModel(name=TRAINED, project="fuzz", base_model="tiny", config=run_config)
+    model = TrainableModel(name=TRAINED, project="fuzz", base_model="tiny", config=run_config(replicas))
     asyncio.run(model.register(HTTPBackend(server_url, api_key=KEY)))
-    return server_url + DEFAULT_ROUTE_PREFIX, server_url + config.tinker.route_prefix
+    return TrainingDeployment(
+        server_url,
+        server_url + DEFAULT_ROUTE_PREFIX,
+        server_url + config.tinker.route_prefix,
+        f"{server_url}/{app}/v1",
+    )
 
 
 def summary(reports: dict[str, FuzzReport], restarted: int, served: bool, seconds: float) -> dict:
@@ -334,9 +357,9 @@ def main() -> None:
     base_url = args.url or start_deployment()
     targets = {"endpoint": (base_url, bearer(args.key), args.model)}
     if {"training", "tinker"} & set(args.surfaces):
-        training_url, tinker_url = start_training(tempfile.mkdtemp(prefix="fuzz-training-"))
-        targets["training"] = (training_url, bearer(KEY), TRAINED)
-        targets["tinker"] = (tinker_url, {"X-API-Key": KEY}, None)
+        training = start_training(tempfile.mkdtemp(prefix="fuzz-training-"))
+        targets["training"] = (training.training_url, bearer(KEY), TRAINED)
+        targets["tinker"] = (training.tinker_url, {"X-API-Key": KEY}, None)
     own_cluster = args.url is None
     before = replica_actors() if own_cluster else set()
     started = time.monotonic()

