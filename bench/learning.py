@@ -42,12 +42,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(ROOT / "examples"))
 
 from common import free_port, print_result, print_table  # noqa: E402
+
+if TYPE_CHECKING:
+    from art_ray.train_config import TrainConfig
 
 HELD_OUT = {"code_math": 128, "email_agent": 64, "terminal_agent": 64}
 # The system name of a run whose choices trained as if sampled at temperature 1 (`--trained-at one`): how
@@ -120,6 +124,15 @@ def settings(task, args: argparse.Namespace) -> argparse.Namespace:  # noqa: ANN
     return defaults
 
 
+def as_if_one_train_config(config: TrainConfig, args: argparse.Namespace) -> TrainConfig:
+    """The as-if-1 arm's recipe: every choice trained at temperature 1 (as ART trains), its old logprobs
+    precalculated by the trainer so the ratio still starts at 1."""
+    update: dict = {"precalculate_logprobs": True, "train_temperature": 1.0}
+    if args.as_if_t1_beta is not None:
+        update["beta"] = args.as_if_t1_beta
+    return config.model_copy(update=update)
+
+
 async def art_ray_curve(  # noqa: ANN001
     backend, task, seed: int, args: argparse.Namespace, as_if_one: bool = False
 ) -> dict:
@@ -134,10 +147,7 @@ async def art_ray_curve(  # noqa: ANN001
 
     run = settings(task, args)
     if as_if_one:
-        update: dict = {"precalculate_logprobs": True, "train_temperature": 1.0}
-        if args.as_if_t1_beta is not None:
-            update["beta"] = args.as_if_t1_beta
-        run.train_config = run.train_config.model_copy(update=update)
+        run.train_config = as_if_one_train_config(run.train_config, args)
     model = TrainableModel(
         name=run_name(task, seed) + ("-as-if-t1" if as_if_one else ""),
         project="bench-learning",

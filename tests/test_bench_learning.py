@@ -40,26 +40,16 @@ def test_the_same_held_out_items_for_every_run() -> None:
     assert learning.held_out_items("code_math", 128)[:12] == list(example.val_scenarios)
 
 
-async def test_the_as_if_one_arm_trains_its_choices_at_temperature_one_and_keeps_the_rest() -> None:
-    from factories import served_choice
+def test_the_as_if_one_arm_trains_every_choice_at_temperature_one_from_precalculated_logprobs() -> None:
+    from art_ray import TrainConfig
 
-    from art_ray import Trajectory
-    from art_ray.trajectories import History, sampled_tokens
-
-    def sampled(temperature: float):  # noqa: ANN202
-        return served_choice(sampling_params={"temperature": temperature, "top_p": 0.9, "max_tokens": 8})
-
-    async def rollout(scenario: str, temperature: float) -> Trajectory:
-        return Trajectory(
-            messages_and_choices=[{"role": "user", "content": scenario}, sampled(temperature)],
-            additional_histories=[History(messages_and_choices=[sampled(temperature)])],
-            reward=1.0,
-        )
-
-    trajectory = await learning.as_if_sampled_at_one(rollout)("q", 0.5)
-    choices = [history.messages_and_choices[-1] for history in trajectory.histories()]
-    assert [sampled_tokens(choice).temperature for choice in choices] == [1.0, 1.0]
-    assert {sampled_tokens(choice).sampling_params.top_p for choice in choices} == {0.9}
+    tempered = TrainConfig(beta=0.05)
+    args = learning.parse_args(["--short", "--as-if-t1-beta", "0.1"])
+    as_if_one = learning.as_if_one_train_config(tempered, args)
+    assert (as_if_one.train_temperature, as_if_one.precalculate_logprobs, as_if_one.beta) == (1.0, True, 0.1)
+    assert tempered.train_temperature is None
+    kept = learning.as_if_one_train_config(tempered, learning.parse_args(["--short"]))
+    assert kept.beta == 0.05
 
 
 @pytest.mark.slow
