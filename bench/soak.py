@@ -41,6 +41,7 @@ import os
 import random
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -67,7 +68,7 @@ SAMPLE_EVERY_S = 30.0
 class Request(pydantic.BaseModel):
     at: float
     seconds: float
-    ok: bool
+    error: str | None  # the exception's type and status; None: served
     flood_on: bool
 
 
@@ -184,13 +185,21 @@ async def supervised(run: str, key: str, server_url: str, ledger: Ledger, stop: 
             await asyncio.sleep(5)
 
 
-def tinker_driver(tinker_url: str, key: str, ledger: Ledger, stop: asyncio.Event) -> None:
-    """A Tinker SDK client's loop (blocking: the SDK's own threads), a cross-entropy step at a time."""
+def tinker_driver(server_url: str, key: str, ledger: Ledger, stop: threading.Event) -> None:
+    """A Tinker SDK client's loop (blocking: the SDK's own threads), a cross-entropy step at a time. The
+    SDK's base URL is the server's root: it adds /api/v1 itself."""
     import tinker
     from tinker import types as T
 
-    service = tinker.ServiceClient(base_url=tinker_url, api_key=key)
-    training = service.create_lora_training_client(base_model="tiny", rank=8).result()
+    while True:
+        try:
+            service = tinker.ServiceClient(base_url=server_url, api_key=key)
+            training = service.create_lora_training_client(base_model="tiny", rank=8).result()
+            break
+        except tinker.TinkerError as error:  # its start counts as a failure too, and is tried again
+            ledger.tinker_failures.append(f"{ledger.now() / 60:.1f} min: {type(error).__name__}: {error}")
+            if stop.wait(5):
+                return
     ledger.tinker_run = training.model_id.replace(":", "-")
     tokenizer = training.get_tokenizer()
     prompt, answer = tokenizer.encode("Name a color:"), tokenizer.encode(" teal")
@@ -210,7 +219,7 @@ def tinker_driver(tinker_url: str, key: str, ledger: Ledger, stop: asyncio.Event
                 training.save_weights_for_sampler(f"step-{ledger.tinker_steps}").result()
         except tinker.TinkerError as error:
             ledger.tinker_failures.append(f"{ledger.now() / 60:.1f} min: {type(error).__name__}: {error}")
-            time.sleep(5)
+            stop.wait(5)
 
 
 async def open_loop(endpoint: str, key: str, rate: float, ledger: Ledger, stop: asyncio.Event) -> None:
@@ -221,15 +230,15 @@ async def open_loop(endpoint: str, key: str, rate: float, ledger: Ledger, stop: 
 
     async def one(flood_on: bool) -> None:
         started = time.monotonic()
-        ok = True
+        error = None
         try:
             await client.chat.completions.create(
                 model=GRPO_RUNS[0], messages=[{"role": "user", "content": "Hi"}], max_tokens=8
             )
-        except openai.OpenAIError:
-            ok = False
+        except openai.OpenAIError as failure:
+            error = f"{type(failure).__name__} {getattr(failure, 'status_code', '')}".strip()
         ledger.requests.append(
-            Request(at=ledger.now(), seconds=time.monotonic() - started, ok=ok, flood_on=flood_on)
+            Request(at=ledger.now(), seconds=time.monotonic() - started, error=error, flood_on=flood_on)
         )
 
     pending: set[asyncio.Task[None]] = set()
@@ -315,7 +324,8 @@ async def sample_memory(ledger: Ledger, stop: asyncio.Event) -> None:
     while not stop.is_set():
         for process in ray_processes():
             with contextlib.suppress(psutil.Error):
-                name = " ".join(process.cmdline()[:1] or [process.name()])[:60]
+                command = process.cmdline()
+                name = command[0] if command and command[0].startswith("ray::") else process.name()
                 ledger.rss[(process.pid, name)].append((ledger.now(), process.memory_info().rss))
         await asyncio.sleep(SAMPLE_EVERY_S)
 
@@ -360,6 +370,12 @@ async def strike(kind: str, endpoint: str, key: str, ledger: Ledger) -> None:
         ):
             async for _ in response.aiter_bytes():
                 break  # the client goes away mid-stream
+
+
+def nearest_fault(faults: list[Fault], at: float) -> str:
+    """The fault struck last before `at`, and how long before: what a failed request most likely met."""
+    before = [fault for fault in faults if fault.at <= at]
+    return f"{before[-1].kind} +{at - before[-1].at:.0f} s" if before else "before any fault"
 
 
 def p99(values: list[float]) -> float:
@@ -407,8 +423,11 @@ def audit(ledger: Ledger, storage: Path, minutes: float) -> dict:
         if len(after) >= max(2, (minutes * 60 - warm) / SAMPLE_EVERY_S / 2):  # lived the whole time
             growth[f"{name} ({pid})"] = after[-1] / after[0] - 1
     worst = max(growth.items(), key=lambda item: item[1], default=("none", 0.0))
-    with_flood = [r.seconds for r in ledger.requests if r.flood_on and r.ok]
-    without = [r.seconds for r in ledger.requests if not r.flood_on and r.ok]
+    with_flood = [r.seconds for r in ledger.requests if r.flood_on and r.error is None]
+    without = [r.seconds for r in ledger.requests if not r.flood_on and r.error is None]
+    failures = collections.Counter(
+        f"{r.error} ({nearest_fault(ledger.faults, r.at)})" for r in ledger.requests if r.error is not None
+    )
     return {
         "faults": len(ledger.faults),
         "survived": len(survived),
@@ -424,7 +443,8 @@ def audit(ledger: Ledger, storage: Path, minutes: float) -> dict:
         "probes": ledger.probes,
         "leaks": len(ledger.leaks),
         "requests": len(ledger.requests),
-        "failed_requests": sum(not r.ok for r in ledger.requests),
+        "failed_requests": sum(failures.values()),
+        "failed_by_error": dict(failures),
         "p99_without_flood_s": round(p99(without), 2),
         "p99_with_flood_s": round(p99(with_flood), 2),
         "p99_flood_ratio": round(p99(with_flood) / p99(without), 2) if without and with_flood else None,
@@ -437,6 +457,12 @@ def audit(ledger: Ledger, storage: Path, minutes: float) -> dict:
 
 
 async def soak(args: argparse.Namespace, storage: Path) -> dict:
+    # imported here, before any thread: the Tinker SDK imports httpx2 on first use, and the openai SDK
+    # reads sys.modules["httpx2"] on every request, so one imported in the Tinker driver's thread is seen
+    # half-initialized by the event loop's requests (AttributeError) for the import's duration
+    import httpx2  # noqa: F401
+    import tinker  # noqa: F401
+
     from art_ray import HTTPBackend, TrainableModel, keys
     from art_ray.access import KeyGrant
 
@@ -453,10 +479,11 @@ async def soak(args: argparse.Namespace, storage: Path) -> dict:
 
     ledger = Ledger(storage, time.monotonic())
     stop = asyncio.Event()
+    tinker_stop = threading.Event()  # the Tinker driver is a thread
     endpoint = training.endpoint_url
     tasks = [
         *(asyncio.create_task(supervised(run, run_keys[run], server_url, ledger, stop)) for run in GRPO_RUNS),
-        asyncio.create_task(asyncio.to_thread(tinker_driver, training.tinker_url, tinker_key, ledger, stop)),
+        asyncio.create_task(asyncio.to_thread(tinker_driver, server_url, tinker_key, ledger, tinker_stop)),
         asyncio.create_task(open_loop(endpoint, run_keys[GRPO_RUNS[0]], args.rate, ledger, stop)),
         asyncio.create_task(flood(endpoint, flood_key, ledger, stop)),
         asyncio.create_task(probe(endpoint, run_keys, ledger, stop)),
@@ -471,6 +498,7 @@ async def soak(args: argparse.Namespace, storage: Path) -> dict:
         await strike(FAULTS[index % len(FAULTS)], endpoint, run_keys[GRPO_RUNS[0]], ledger)
     await asyncio.sleep(max(0.0, deadline - ledger.now()))
     stop.set()
+    tinker_stop.set()
     await asyncio.wait(tasks, timeout=600)
     result = audit(ledger, storage, args.minutes)
     result["leak_examples"] = ledger.leaks[:5]
