@@ -461,6 +461,11 @@ class RayBackend:
             await trainer.tinker_optim_step(step)
 
         self._last_call[model.name] = again
+        # A Tinker run's step checkpoints are art-ray's own, for a restart (its user keeps states with
+        # save_state): the last complete one and this step's, still being written, are all a restart
+        # needs, and one per step would fill the storage in a long run
+        current = self._trainer(model).step
+        await self.delete_checkpoints(model, steps_to_keep=[current - 1, current])
         return metrics
 
     async def save_for_sampler(self, model: TrainableModel) -> int:
