@@ -255,7 +255,8 @@ async def test_a_tinker_run_keeps_its_steps_and_waiting_gradients_when_a_trainer
     """Two Tinker runs share a trainer; it loses rank 0 after both runs' forward_backward calls of step 2,
     before their optim_step, while the first run's step-1 checkpoint was not yet complete. Each optim_step
     still returns step 2: step 1 is made again from its calls, the calls waiting for step 2 are sent to the
-    new ranks. Both adapters equal a third run's on its own ranks that no fault touched."""
+    new ranks. After a third step both adapters equal a third run's on its own ranks that no fault touched,
+    and the killed run keeps only the step checkpoints a restart needs."""
     import ray
     from conftest import stop_trainer
     from test_tinker_trainer import CONVERSATIONS, tinker_data
@@ -282,7 +283,7 @@ async def test_a_tinker_run_keeps_its_steps_and_waiting_gradients_when_a_trainer
     assert backend._trainers[sibling.name].ranks is ranks
     assert backend._trainers[untouched.name].ranks is not ranks
     try:
-        for step in (1, 2):
+        for step in (1, 2, 3):
             for model in models:
                 await backend.forward_backward(
                     model, ForwardBackwardCall(data=data[:1], loss_fn="cross_entropy")
@@ -299,6 +300,9 @@ async def test_a_tinker_run_keeps_its_steps_and_waiting_gradients_when_a_trainer
                 await backend.optim_step(model, adam)
                 assert await backend.get_step(model) == step
         assert backend._trainers[killed.name].ranks is not ranks
+        # each optim_step keeps the last complete step checkpoint and its own (step 1's is gone)
+        await backend._trainers[killed.name].wait_for_checkpoint()
+        assert backend.checkpoint_steps(killed) == [2, 3]
         adapters = [await backend._trainers[m.name].adapter_tensors() for m in models]
         assert any(tensor.abs().sum() > 0 for name, tensor in adapters[2].items() if "lora_B" in name)
         for adapter in adapters[:2]:
