@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 
 import ray
 
+from art_ray.cluster_actors import LONG_LIVED_OPTIONS
 from art_ray.errors import SandboxError
 from art_ray.sandbox.namespaces import NamespaceBackend
 from art_ray.sandbox.pool import Sandbox, SandboxPool
@@ -130,6 +131,7 @@ class RaySandboxPool:
             num_cpus=0,
             resources={"sandbox": 1} if resources is None else resources,
             max_concurrency=1000,  # leases wait inside the pool's FIFO, not in Ray's queue
+            **LONG_LIVED_OPTIONS,
         )
         host = actor.remote(slots, (limits or SandboxLimits()).model_dump(), first_uid)
         await host.start.remote()

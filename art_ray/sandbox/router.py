@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from art_ray.cluster_actors import LONG_LIVED_OPTIONS
 from art_ray.errors import SandboxBusy, SandboxError
 from art_ray.sandbox.host import RemoteSandbox, SandboxHost
 from art_ray.sandbox.types import SandboxLimits
@@ -88,7 +89,7 @@ class SandboxRouter:
         )
         handle = (
             ray.remote(SandboxHost)
-            .options(num_cpus=0, max_concurrency=1000, **placement)
+            .options(num_cpus=0, max_concurrency=1000, **LONG_LIVED_OPTIONS, **placement)
             .remote(self.slots, self.limits, first_uid, self.max_waiting)
         )
         await handle.start.remote()
@@ -201,7 +202,7 @@ class RaySandboxFleet:
         """The job's router of that `name`, made (with its hosts) by the first caller."""
         router = (
             ray.remote(SandboxRouter)
-            .options(num_cpus=0, max_concurrency=1000, name=name, get_if_exists=True)
+            .options(num_cpus=0, max_concurrency=1000, name=name, get_if_exists=True, **LONG_LIVED_OPTIONS)
             .remote(slots, limits.model_dump(), first_uid, node_resource, max_waiting)
         )
         await router.start.remote()

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pydantic
 import ray
 
-from art_ray.cluster_actors import NAMESPACE
+from art_ray.cluster_actors import LONG_LIVED_OPTIONS, NAMESPACE
 from art_ray.feedback import Feedback, FeedbackRecord, TrafficConfig, new_feedback_id
 from art_ray.releases import ArmStats
 from art_ray.storage import resolve_filesystem
@@ -316,6 +316,7 @@ def ensure_traffic_log(run: str, folder: str, config: TrafficConfig) -> ray.acto
         get_if_exists=True,
         max_restarts=-1,
         max_task_retries=-1,
+        **LONG_LIVED_OPTIONS,
     ).remote(run, folder, config)
 
 

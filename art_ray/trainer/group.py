@@ -24,7 +24,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from art_ray import storage
 from art_ray.adapters.registry import get_registry
-from art_ray.cluster_actors import NAMESPACE
+from art_ray.cluster_actors import LONG_LIVED_OPTIONS, NAMESPACE
 from art_ray.cpu_threads import trainer_openmp_env
 from art_ray.errors import QuotaExceededError
 from art_ray.placement import PlacementError
@@ -82,6 +82,7 @@ class TrainerRanks:
                     self._placement_group, placement_group_bundle_index=rank
                 ),
                 runtime_env={"env_vars": env},
+                **LONG_LIVED_OPTIONS,
                 # rank 0 is named, so `art-ray status` finds every trainer on the cluster
                 **({"name": trainer_actor_name(config), "namespace": NAMESPACE} if rank == 0 else {}),
             )
