@@ -66,6 +66,14 @@ def _drop_token_auth_notice(record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
 
 
+def rank_died(error: ray.exceptions.RayActorError) -> bool:
+    """Whether a trainer call failed because one of its ranks is gone. A live rank's task that raised
+    is a RayTaskError, and one whose cause was another actor's death (a replica dying while the step was
+    published) is by its class a RayActorError too: that is the call's error, not a reason to restart
+    the ranks and train the call again."""
+    return not isinstance(error, ray.exceptions.RayTaskError)
+
+
 class RayBackend:
     """Serves and trains TrainableModels on a Ray cluster.
 
@@ -494,6 +502,8 @@ class RayBackend:
         try:
             return await call(trainer)
         except ray.exceptions.RayActorError as died:
+            if not rank_died(died):
+                raise
             await self._restart_dead(model, trainer, died)
         return await call(self._trainer(model))
 
@@ -552,6 +562,8 @@ class RayBackend:
             self._last_call[model.name] = again
             return
         except ray.exceptions.RayActorError as died:
+            if not rank_died(died):
+                raise
             await self._restart_dead(model, trainer, died)
         async for event in self._logged(model, call(self._trainer(model))):
             yield event

@@ -97,3 +97,17 @@ def test_a_cancelled_waiter_gives_its_turn_to_the_next() -> None:
         return served
 
     assert asyncio.run(scenario()) == ["a", "c"]
+
+
+def test_only_a_rank_that_is_gone_restarts_the_ranks() -> None:
+    """Found by the soak: a replica killed while a step was published failed the publish with the
+    replica's ActorDiedError, raised through rank 0's task, and the backend restarted every shared rank
+    and trained the call a second time."""
+    from ray.exceptions import ActorDiedError, RayActorError, RayTaskError
+
+    from art_ray.backend import rank_died
+
+    through_a_live_rank = RayTaskError("publish_adapter", "traceback", ActorDiedError()).as_instanceof_cause()
+    assert isinstance(through_a_live_rank, RayActorError)  # what the backend catches
+    assert not rank_died(through_a_live_rank)
+    assert rank_died(ActorDiedError())

@@ -302,11 +302,23 @@ class LoRARegistry:
                         subscription.deployment_name, subscription.app_name
                     )
                 response = self._handles[key].broadcast(method, *args)
-                return await response.results_async(timeout_s=timeout_s)
+                answers = await response.results_async(timeout_s=timeout_s, return_exceptions=True)
             except RayServeException as error:  # the app was deleted: nobody serves it there any more
                 logger.warning("dropping subscription %s: %s", subscription, error)
                 self.unsubscribe(subscription.app_name, subscription.deployment_name)
                 return []
+            # A replica that died during the call serves nothing any more, and the one Serve starts in
+            # its place loads the kept versions and the access table before it takes traffic: it is not
+            # a live replica this call failed on (the soak's replica kills failed publishes, which the
+            # trainer took for its own rank's death)
+            died = ray.exceptions.ActorDiedError
+            gone = sum(isinstance(answer, died) for answer in answers)
+            if gone:
+                logger.warning("%s: %d replica(s) of %s died during the call", method, gone, key)
+            for answer in answers:
+                if isinstance(answer, BaseException) and not isinstance(answer, died):
+                    raise answer
+            return [answer for answer in answers if not isinstance(answer, BaseException)]
 
         per_deployment = await asyncio.gather(*(push(s) for s in list(self._subscriptions.values())))
         return [result for results in per_deployment for result in results]
