@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import types
 
 import httpx
 import pytest
+import ray
 
 from art_ray.access import AccessError, AccessTable, KeyGrant, key_digest
 from art_ray.serving.asgi import caller_of
@@ -185,3 +187,46 @@ async def test_the_training_servers_cap_counts_a_request_until_its_response_is_s
     assert (await first)[0] == 200
     assert (await request(app, "POST", "/step", ALICE, {"model": "run-a"}))[0] == 200
     assert server.in_flight["alice"] == 0
+
+
+class RestartingStore:
+    """A capture store that Ray is restarting: every call fails as a call to an unavailable actor does."""
+
+    def __getattr__(self, method: str):  # noqa: ANN204
+        async def remote(*args, **kwargs) -> None:  # noqa: ANN002, ANN003
+            raise ray.exceptions.ActorUnavailableError("The actor is restarting.", None)
+
+        return types.SimpleNamespace(remote=remote)
+
+
+async def test_a_capture_store_that_restarts_is_a_503_to_retry_not_a_500() -> None:
+    """Found by the soak: a capture session's request while the store restarted was a 500."""
+    routed = ModelRoutingMiddleware(vllm_stand_in, Versions(), max_n=4, default_max_tokens=16)
+    app = EndpointGuard(
+        CaptureMiddleware(routed, store=RestartingStore), api_key=ADMIN, access=lambda: table()
+    )
+    status, body = await request(app, "POST", "/v1/capture/sessions", ALICE, {"model": "run-a"})
+    assert status == 503 and body["error"]["type"] == "ServiceUnavailableError", body
+    session = "s" * 16
+    path = f"/sessions/{session}/v1/chat/completions"
+    status, body = await request(app, "POST", path, ALICE, chat("run-a"))
+    assert status == 503 and "restarting" in body["error"]["message"], body
+
+
+async def test_a_null_answer_of_a_cancelled_request_passes_through_unannotated() -> None:
+    """vLLM answers a request whose client went away with a JSON `null`; the endpoint annotated choices
+    of it and raised an AttributeError per cancelled request (found by the soak's flood)."""
+
+    async def cancelled(scope, receive, send) -> None:  # noqa: ANN001
+        await receive()
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"null"})
+
+    app = EndpointGuard(
+        ModelRoutingMiddleware(cancelled, Versions(), max_n=4, default_max_tokens=16),
+        api_key=ADMIN,
+        access=lambda: table(),
+    )
+    status, body = await request(app, "POST", "/v1/chat/completions", ADMIN, chat("run-a"))
+    assert (status, body) == (200, None)

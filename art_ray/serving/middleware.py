@@ -227,7 +227,11 @@ def _rewrite_json(send: Send, rewrite: Callable[[dict], dict]) -> Send:
                 return
             body = b"".join(chunks)
             with contextlib.suppress(ValueError):
-                body = json.dumps(rewrite(json.loads(body))).encode()
+                parsed = json.loads(body)
+                # vLLM answers a request whose client went away with a JSON `null` (with_cancellation):
+                # nothing to rewrite (found by the soak's flood: an AttributeError per cancelled request)
+                if isinstance(parsed, dict):
+                    body = json.dumps(rewrite(parsed)).encode()
             await send({**start, "headers": with_content_length(start.get("headers", []), len(body))})
             await send({"type": "http.response.body", "body": body})
         else:
