@@ -85,6 +85,13 @@ class Fault(pydantic.BaseModel):
     at: float
 
 
+class Memory(pydantic.BaseModel):
+    """One round of resident-memory samples (bytes by process), for the curve after the run."""
+
+    at: float
+    rss: dict[str, int]
+
+
 class Ledger:
     """What the load saw, in memory and as lines of progress.jsonl (for a post-mortem of a run that hung)."""
 
@@ -322,11 +329,15 @@ async def sample_memory(ledger: Ledger, stop: asyncio.Event) -> None:
     import psutil
 
     while not stop.is_set():
+        sampled = Memory(at=ledger.now(), rss={})
         for process in ray_processes():
             with contextlib.suppress(psutil.Error):
                 command = process.cmdline()
                 name = command[0] if command and command[0].startswith("ray::") else process.name()
-                ledger.rss[(process.pid, name)].append((ledger.now(), process.memory_info().rss))
+                rss = process.memory_info().rss
+                ledger.rss[(process.pid, name)].append((sampled.at, rss))
+                sampled.rss[f"{name} ({process.pid})"] = rss
+        ledger.write(sampled)
         await asyncio.sleep(SAMPLE_EVERY_S)
 
 
