@@ -50,7 +50,7 @@ import pydantic
 sys.path.insert(0, str(Path(__file__).parent))
 
 from common import print_result, print_table, start_local_ray  # noqa: E402
-from fuzz import TRAINED, run_config, start_training  # noqa: E402
+from fuzz import run_config, start_training  # noqa: E402
 
 PROJECT = "soak"
 GRPO_RUNS = ("soak-a", "soak-b", "soak-c")
@@ -185,8 +185,9 @@ async def supervised(run: str, key: str, server_url: str, ledger: Ledger, stop: 
         try:
             await task
         except asyncio.CancelledError:
-            if stop.is_set():
-                raise
+            current = asyncio.current_task()
+            if stop.is_set() or (current is not None and current.cancelling()):
+                raise  # the soak ends, not a driver fault
         except Exception as error:  # noqa: BLE001
             print(f"soak: {run}'s driver failed ({type(error).__name__}: {error}); starting it again")
             await asyncio.sleep(5)
@@ -357,13 +358,10 @@ async def strike(kind: str, endpoint: str, key: str, ledger: Ledger) -> None:
     if kind == "replica":  # Serve starts another
         actor = next(a for a in named if a["name"].startswith(f"SERVE_REPLICA::soak#{INFERENCE_DEPLOYMENT}"))
         ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
-    elif kind == "trainer_rank":  # rank 0 of the trainer the soak's runs share (fuzz's TRAINED has its own)
-        actor = next(
-            a
-            for a in named
-            if a["name"].startswith(TRAINER_NAME_PREFIX)
-            and not a["name"].startswith(TRAINER_NAME_PREFIX + TRAINED)
-        )
+    elif kind == "trainer_rank":
+        # rank 0 of the one trainer every run shares: the soak's runs and the Tinker run join the ranks of
+        # the first run registered (fuzz's TRAINED), and a restart names them after another run
+        actor = next(a for a in named if a["name"].startswith(TRAINER_NAME_PREFIX))
         ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]))
     elif kind == "registry":
         ray.kill(get_registry(), no_restart=False)
@@ -501,15 +499,17 @@ async def soak(args: argparse.Namespace, storage: Path) -> dict:
         asyncio.create_task(sample_memory(ledger, stop)),
     ]
     deadline = args.minutes * 60
-    for index in range(int(deadline // (args.fault_every * 60))):
-        at = (index + 1) * args.fault_every * 60
-        if at >= deadline - 60:  # the last fault leaves a minute to recover in
-            break
-        await asyncio.sleep(max(0.0, at - ledger.now()))
-        await strike(FAULTS[index % len(FAULTS)], endpoint, run_keys[GRPO_RUNS[0]], ledger)
-    await asyncio.sleep(max(0.0, deadline - ledger.now()))
-    stop.set()
-    tinker_stop.set()
+    try:
+        for index in range(int(deadline // (args.fault_every * 60))):
+            at = (index + 1) * args.fault_every * 60
+            if at >= deadline - 60:  # the last fault leaves a minute to recover in
+                break
+            await asyncio.sleep(max(0.0, at - ledger.now()))
+            await strike(FAULTS[index % len(FAULTS)], endpoint, run_keys[GRPO_RUNS[0]], ledger)
+        await asyncio.sleep(max(0.0, deadline - ledger.now()))
+    finally:  # a soak that fails stops its load too (the Tinker thread cannot be cancelled)
+        stop.set()
+        tinker_stop.set()
     await asyncio.wait(tasks, timeout=600)
     result = audit(ledger, storage, args.minutes)
     result["leak_examples"] = ledger.leaks[:5]
