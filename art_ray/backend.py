@@ -30,7 +30,7 @@ from art_ray.startup import side_by_side
 from art_ray.tinker.types import AdamStep, ForwardBackwardCall, ForwardBackwardResult
 from art_ray.tracking import Tracker, group_metrics, save_trajectories
 from art_ray.train_config import SFTConfig, TrainConfig
-from art_ray.train_result import TrainEvent, TrainResult
+from art_ray.train_result import GradientStep, TrainEvent, TrainResult
 from art_ray.trainer.config import TrainerConfig
 from art_ray.trajectories import Trajectory, TrajectoryGroup
 
@@ -124,6 +124,10 @@ class RayBackend:
         # forward_backward calls it applied): its checkpoint is written in the background, and if a rank
         # dies before it is complete the restarted group makes the step again (same data, same step)
         self._last_call: dict[str, Callable[[TrainerGroup], Awaitable[None]]] = {}
+        # per model, the train call in flight: the step it started from and how to make its step again. A
+        # rank that dies after the call made its step (while publishing or checkpointing it) leaves the step
+        # to this call, not to the last one (found by the soak: the previous call's groups trained twice)
+        self._making: dict[str, tuple[int, Callable[[TrainerGroup], Awaitable[None]]]] = {}
         # per Tinker run, its forward_backward calls since its last optim_step: their gradients live on
         # the ranks until then, so a restarted group is sent them again
         self._tinker_pending: dict[str, list[ForwardBackwardCall]] = collections.defaultdict(list)
@@ -548,7 +552,9 @@ class RayBackend:
         self, model: TrainableModel, call: Callable[[TrainerGroup], AsyncIterator[TrainEvent]]
     ) -> AsyncIterator[TrainEvent]:
         """Run a train call; when a trainer rank died, restart the group from its last complete
-        checkpoint and run the call once more (its gradient steps stream again). Only the result's
+        checkpoint and run the call once more (its gradient steps stream again), unless the call had made
+        its step before the rank died (publishing or checkpointing it): then the restart holds that step,
+        from its checkpoint or made again from this call, and the call returns it. Only the result's
         metrics are logged, once."""
 
         async def again(trainer: TrainerGroup) -> None:
@@ -556,18 +562,36 @@ class RayBackend:
                 pass
 
         trainer = self._trainer(model)
+        started_at = trainer.step
+        gradient_steps: list[GradientStep] = []
+        self._making[model.name] = (started_at, again)
         try:
-            async for event in self._logged(model, call(trainer)):
-                yield event
+            try:
+                async for event in self._logged(model, call(trainer)):
+                    if isinstance(event, GradientStep):
+                        gradient_steps.append(event)
+                    yield event
+                self._last_call[model.name] = again
+                return
+            except ray.exceptions.RayActorError as died:
+                if not rank_died(died):
+                    raise
+                await self._restart_dead(model, trainer, died)
+            restarted = self._trainer(model)
+            if restarted.step > started_at:
+                # the call had made its step: the new ranks hold it (from its checkpoint, or made again
+                # from this call by the restart), so it is not trained a second time
+                result = TrainResult.of(
+                    restarted.step, gradient_steps, {}, restarted.config.checkpoint_dir(restarted.step)
+                )
+                self.tracker(model).log_metrics(result.metrics, result.step)
+                yield result
+            else:
+                async for event in self._logged(model, call(restarted)):
+                    yield event
             self._last_call[model.name] = again
-            return
-        except ray.exceptions.RayActorError as died:
-            if not rank_died(died):
-                raise
-            await self._restart_dead(model, trainer, died)
-        async for event in self._logged(model, call(self._trainer(model))):
-            yield event
-        self._last_call[model.name] = again
+        finally:
+            self._making.pop(model.name, None)
 
     async def _restart_dead(
         self, model: TrainableModel, trainer: TrainerGroup, died: ray.exceptions.RayActorError
@@ -603,9 +627,15 @@ class RayBackend:
             await trainer.start()  # resumes from the latest complete checkpoint and publishes it
             ranks = trainer.ranks
             self._trainers[name] = trainer
-            if trainer.step == old.step - 1 and name in self._last_call:
+            making = self._making.get(name)
+            # the step not on storage was made by the call in flight if that call started from the step
+            # before it, else by the last call that returned
+            remake = (
+                making[1] if making is not None and making[0] == trainer.step else self._last_call.get(name)
+            )
+            if trainer.step == old.step - 1 and remake is not None:
                 print(f"art-ray: {name}: step {old.step} was not on storage; training it again")
-                await self._last_call[name](trainer)
+                await remake(trainer)
             if trainer.step != old.step:
                 # gradients of the lost steps' adapter mean nothing to the one it goes on from
                 self._tinker_pending.pop(name, None)

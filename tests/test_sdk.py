@@ -203,8 +203,11 @@ async def test_a_remote_rollouts_own_exception_is_not_retried(registered, tmp_pa
 async def test_a_killed_trainer_rank_is_restarted_and_its_step_ends_as_if_nothing_happened(registered):
     """Two models train on the same groups on one shared trainer; it loses rank 0 before their second
     step, while the first model's first checkpoint was not yet complete: its train() call still returns the
-    step (step 1 trained again from the same groups), the other run is restarted on the new ranks with it,
-    their adapters are equal, and MLflow holds each row once."""
+    step (step 1 trained again from the same groups), the other run is restarted on the new ranks with it.
+    At the third step rank 0 dies after the first model's call made its step, while publishing it: the
+    call returns that step, made again from its own groups (the soak found the previous call's groups
+    trained again and the call's step made twice). Their adapters are equal, and MLflow holds each row
+    once."""
     import mlflow
     import ray
     import torch
@@ -222,30 +225,41 @@ async def test_a_killed_trainer_rank_is_restarted_and_its_step_ends_as_if_nothin
     ranks = backend._trainers[killed.name].ranks
     assert backend._trainers[reference.name].ranks is ranks and ranks.runs == {killed.name, reference.name}
     try:
-        for step in (1, 2):
+        for step in (1, 2, 3):
             groups = await gather_trajectory_groups(
                 (TrajectoryGroup(rollout(sampler, prompt) for _ in range(4)) for prompt in PROMPTS),
                 pbar_desc=None,
             )
+            trainer = backend._trainers[killed.name]
             if step == 2:  # rank 0 is gone, as on a lost node, before step 1's checkpoint was complete
-                trainer = backend._trainers[killed.name]
                 await trainer.wait_for_checkpoint()
                 (Path(trainer.config.checkpoint_dir(1)) / STATE_FILE).unlink()
                 ray.kill(trainer.workers[0])
+            if step == 3:  # rank 0 dies after the call made step 3, as it starts to publish it
+                publish = trainer._publish_and_checkpoint
+
+                async def publishing_on_a_dying_rank(trainer=trainer, publish=publish):  # noqa: ANN001, ANN202
+                    await trainer.wait_for_checkpoint()  # step 2 is on storage, step 3 is not
+                    ray.kill(trainer.workers[0])
+                    return await publish()
+
+                trainer._publish_and_checkpoint = publishing_on_a_dying_rank
             for model in (killed, reference):
                 assert await model.train(groups, TrainConfig(learning_rate=1e-3), verbose=False) == step
-        restarted = backend._trainers[killed.name].ranks
-        assert restarted is not ranks and backend._trainers[reference.name].ranks is restarted
-        assert await reference.get_step() == 2
+            if step == 2:
+                restarted = backend._trainers[killed.name].ranks
+                assert restarted is not ranks and backend._trainers[reference.name].ranks is restarted
+        assert backend._trainers[killed.name].ranks is not restarted
+        assert await reference.get_step() == 3
         adapters = [await backend._trainers[m.name].adapter_tensors() for m in (killed, reference)]
         assert adapters[0].keys() == adapters[1].keys()
         for name, tensor in adapters[0].items():
             torch.testing.assert_close(tensor, adapters[1][name], rtol=0, atol=1e-6, msg=name)
-        assert f"{killed.name}@2" in served_names(killed)
+        assert f"{killed.name}@3" in served_names(killed)
         client = mlflow.MlflowClient(killed.tracker.tracking_uri)
         for metric in ("train/reward", "loss/train"):
             rows = client.get_metric_history(killed.tracker.run_id, metric)
-            assert sorted(row.step for row in rows) == ([0, 1] if metric == "train/reward" else [1, 2])
+            assert sorted(row.step for row in rows) == ([0, 1, 2] if metric == "train/reward" else [1, 2, 3])
     finally:
         for model in (killed, reference):
             stop_trainer(backend, model.name)
