@@ -54,7 +54,9 @@ class ModelConfig(pydantic.BaseModel):
     # How long register() waits for an autoscaler to add nodes before it raises PlacementError.
     placement_timeout_s: float = pydantic.Field(default=600.0, ge=0)
     # trainer
-    world_size: int = pydantic.Field(default=1, ge=1)
+    # at most 4,096 ranks (512 nodes of 8 GPUs): a larger one is a typo, and planning it alone took the
+    # training server minutes (bench/fuzz.py sent 117,327,737)
+    world_size: int = pydantic.Field(default=1, ge=1, le=4096)
     zero_stage: Literal[0, 1, 2, 3] = 0
     # Packed row length in tokens; a sequence longer than this is an error, never silently cut.
     sequence_length: int = pydantic.Field(default=2048, ge=16)

@@ -325,7 +325,8 @@ class ReleaseAction(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
 
     action: ReleaseVerb = "status"
-    step: int | None = pydantic.Field(default=None, ge=0)
+    # strict: JSON's `false` is not step 0 (bench/fuzz.py found it accepted)
+    step: int | None = pydantic.Field(default=None, ge=0, strict=True)
     reason: str = pydantic.Field(default="", max_length=1024)
 
 

@@ -58,3 +58,18 @@ def test_equal_rewards_warn_and_a_reward_spread_does_not() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_train_groups(spread)
+
+
+def test_what_the_fuzzer_sent_the_training_routes_is_refused_at_once() -> None:
+    """bench/fuzz.py's 20,000-request run: a register with world_size 117,327,737 kept the training
+    server busy past the client's 2-minute timeout, and a release action with `"step": false` was taken
+    as step 0."""
+    from art_ray import ModelConfig
+    from art_ray.releases import ReleaseAction
+
+    with pytest.raises(pydantic.ValidationError, match="world_size"):
+        ModelConfig(world_size=117_327_737)
+    assert ModelConfig(world_size=4096).world_size == 4096
+    with pytest.raises(pydantic.ValidationError, match="step"):
+        ReleaseAction.model_validate_json('{"action": "start", "step": false}')
+    assert ReleaseAction.model_validate_json('{"action": "start", "step": 3}').step == 3
