@@ -34,8 +34,6 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
-import ray
-
 from art_ray.adapters.spec import InvalidModelNameError, parse_versioned_name
 from art_ray.capture.session_api import OpenSessionRequest, SessionTurns
 from art_ray.capture.turns import CapturedTurn
@@ -105,25 +103,6 @@ class CaptureMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        answered = False
-
-        async def answering(message: Message) -> None:
-            nonlocal answered
-            answered = True
-            await send(message)
-
-        try:
-            await self._dispatch(scope, receive, answering)
-        except ray.exceptions.RayActorError:
-            # The capture store (or a traffic log) is restarting: Ray restarts it, and a call made meanwhile
-            # fails. Before any byte of the answer that is a 503 the client retries (the OpenAI SDK does),
-            # not a 500 (found by the soak's capture-store kill)
-            if answered:
-                raise
-            message = "the capture store is restarting: retry the request"
-            await send_error(send, 503, message, "ServiceUnavailableError")
-
-    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = request_path(scope), scope["method"]
         if path == SESSIONS_PATH and method == "POST":
             await self._open(scope, receive, send)

@@ -24,6 +24,8 @@ import hmac
 import re
 from collections.abc import Callable
 
+import ray
+
 from art_ray.access import AccessTable, key_digest
 from art_ray.deployment import DEPLOYMENT_HEADER, MISDIRECTED_STATUS, misdirected_message
 from art_ray.serving.asgi import (
@@ -173,7 +175,7 @@ class EndpointGuard:
         scope = {**scope, CALLER: caller}
         limit = caller.grant.max_concurrent_requests if caller.grant else None
         if limit is None:
-            await self.app(scope, receive, send)
+            await self._serve(scope, receive, send, send_error_json)
             return
         name = caller.grant.name  # type: ignore[union-attr]
         if self._in_flight[name] >= limit:
@@ -182,9 +184,28 @@ class EndpointGuard:
             return
         self._in_flight[name] += 1
         try:
-            await self.app(scope, receive, send)
+            await self._serve(scope, receive, send, send_error_json)
         finally:
             self._in_flight[name] -= 1
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, send_error_json: Callable) -> None:
+        """The request, answered 503 (which clients retry) when a cluster actor it needs is restarting: the
+        capture store, a traffic log, the response store or the registry (Ray restarts them; a call made
+        meanwhile fails). Found by the soak's capture-store kill, answered 500 before."""
+        answered = False
+
+        async def answering(message: Message) -> None:
+            nonlocal answered
+            answered = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, answering)
+        except ray.exceptions.RayActorError:
+            if answered:  # the answer is under way: nothing but the error itself is left to send
+                raise
+            message = "a part of the deployment this request needs is restarting: retry the request"
+            await send_error_json(send, 503, message, "ServiceUnavailableError")
 
     def _caller(self, scope: Scope) -> Caller | None:
         """The request's Caller, or None when its key is neither a run key nor the admin key."""
