@@ -37,6 +37,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import multiprocessing
 import os
 import random
 import sys
@@ -107,13 +108,16 @@ class Ledger:
         self.drivers: dict[str, asyncio.Task[None]] = {}
         self.probes = 0
         self.leaks: list[str] = []
-        self.flood = collections.Counter[str]()
-        self.flood_on = False
+        self.flood: FloodState | None = None
         self.sessions: dict[str, str] = {}  # an open capture session's id -> its run
+        self.registered: dict[str, asyncio.Event] = collections.defaultdict(asyncio.Event)
         self.rss: dict[tuple[int, str], list[tuple[float, int]]] = collections.defaultdict(list)
 
     def now(self) -> float:
         return time.monotonic() - self.started
+
+    def flood_on(self) -> bool:
+        return self.flood is not None and bool(self.flood.on.value)
 
     def write(self, record: pydantic.BaseModel) -> None:
         with self.path.open("a") as out:
@@ -131,6 +135,7 @@ async def grpo_driver(run: str, key: str, server_url: str, ledger: Ledger, stop:
 
     model = TrainableModel(name=run, project=PROJECT, base_model="tiny", config=grpo_config(run))
     await model.register(HTTPBackend(server_url, api_key=key))
+    ledger.registered[run].set()
     client = model.openai_client()
 
     async def rollout(prompt: str) -> Trajectory:
@@ -249,41 +254,62 @@ async def open_loop(endpoint: str, key: str, rate: float, ledger: Ledger, stop: 
             Request(at=ledger.now(), seconds=time.monotonic() - started, error=error, flood_on=flood_on)
         )
 
+    await ledger.registered[GRPO_RUNS[0]].wait()  # a request before its run exists is a 404 of the load's own
     pending: set[asyncio.Task[None]] = set()
     while not stop.is_set():
         await asyncio.sleep(random.expovariate(rate))
-        task = asyncio.create_task(one(ledger.flood_on))
+        task = asyncio.create_task(one(ledger.flood_on()))
         pending.add(task)
         task.add_done_callback(pending.discard)
     await asyncio.gather(*pending)
 
 
-async def flood(endpoint: str, key: str, ledger: Ledger, stop: asyncio.Event) -> None:
-    """The flooding key: FLOOD_CONCURRENCY requests at once against a limit of FLOOD_LIMIT, in every other
-    FLOOD_PERIOD_S."""
+class FloodState:
+    """What the flooding process and the soak share: whether the flood is on now, and its counts."""
+
+    def __init__(self, context) -> None:  # noqa: ANN001 (a multiprocessing context)
+        self.on = context.Value("b", 0)
+        self.counts = {outcome: context.Value("q", 0) for outcome in ("served", "refused", "failed")}
+
+    def count(self, outcome: str) -> None:
+        with self.counts[outcome].get_lock():
+            self.counts[outcome].value += 1
+
+    def totals(self) -> dict[str, int]:
+        return {outcome: value.value for outcome, value in self.counts.items()}
+
+
+def flood(endpoint: str, key: str, state: FloodState, minutes: float) -> None:
+    """The flooding key, in a process of its own (another client, as it would be in production: in the
+    soak's event loop its requests' parsing would delay the timing of the well-behaved ones):
+    FLOOD_CONCURRENCY requests at once against a limit of FLOOD_LIMIT, in every other FLOOD_PERIOD_S."""
     import openai
 
-    client = openai.AsyncOpenAI(base_url=endpoint, api_key=key, max_retries=0, timeout=120)
+    async def flooding() -> None:
+        client = openai.AsyncOpenAI(base_url=endpoint, api_key=key, max_retries=0, timeout=120)
+        deadline = time.monotonic() + minutes * 60
 
-    async def hammer(until: float) -> None:
-        while time.monotonic() < until and not stop.is_set():
-            try:
-                await client.chat.completions.create(
-                    model=FLOOD_RUN, messages=[{"role": "user", "content": "Hi"}], max_tokens=8
-                )
-                ledger.flood["served"] += 1
-            except openai.RateLimitError:
-                ledger.flood["refused"] += 1
-                await asyncio.sleep(0.05)
-            except openai.OpenAIError:
-                ledger.flood["failed"] += 1
+        async def hammer(until: float) -> None:
+            while time.monotonic() < until:
+                try:
+                    await client.chat.completions.create(
+                        model=FLOOD_RUN, messages=[{"role": "user", "content": "Hi"}], max_tokens=8
+                    )
+                    state.count("served")
+                except openai.RateLimitError:
+                    state.count("refused")
+                    await asyncio.sleep(0.05)
+                except openai.OpenAIError:
+                    state.count("failed")
 
-    while not stop.is_set():
-        await asyncio.sleep(FLOOD_PERIOD_S)
-        ledger.flood_on = True
-        until = time.monotonic() + FLOOD_PERIOD_S
-        await asyncio.gather(*(hammer(until) for _ in range(FLOOD_CONCURRENCY)))
-        ledger.flood_on = False
+        while time.monotonic() + FLOOD_PERIOD_S < deadline:
+            await asyncio.sleep(FLOOD_PERIOD_S)
+            state.on.value = 1
+            until = min(time.monotonic() + FLOOD_PERIOD_S, deadline)
+            await asyncio.gather(*(hammer(until) for _ in range(FLOOD_CONCURRENCY)))
+            state.on.value = 0
+
+    asyncio.run(flooding())
 
 
 async def probe(endpoint: str, keys: dict[str, str], ledger: Ledger, stop: asyncio.Event) -> None:
@@ -434,6 +460,7 @@ def audit(ledger: Ledger, storage: Path, minutes: float) -> dict:
     worst = max(growth.items(), key=lambda item: item[1], default=("none", 0.0))
     with_flood = [r.seconds for r in ledger.requests if r.flood_on and r.error is None]
     without = [r.seconds for r in ledger.requests if not r.flood_on and r.error is None]
+    flood_counts = ledger.flood.totals() if ledger.flood else {}
     failures = collections.Counter(
         f"{r.error} ({nearest_fault(ledger.faults, r.at)})" for r in ledger.requests if r.error is not None
     )
@@ -457,8 +484,7 @@ def audit(ledger: Ledger, storage: Path, minutes: float) -> dict:
         "p99_without_flood_s": round(p99(without), 2),
         "p99_with_flood_s": round(p99(with_flood), 2),
         "p99_flood_ratio": round(p99(with_flood) / p99(without), 2) if without and with_flood else None,
-        "flood_refused": ledger.flood["refused"],
-        "flood_served": ledger.flood["served"],
+        **{f"flood_{outcome}": count for outcome, count in flood_counts.items()},
         "max_rss_growth": round(worst[1], 3),
         "rss_growth_process": worst[0],
         "rss_growth": growth,
@@ -494,10 +520,14 @@ async def soak(args: argparse.Namespace, storage: Path) -> dict:
         *(asyncio.create_task(supervised(run, run_keys[run], server_url, ledger, stop)) for run in GRPO_RUNS),
         asyncio.create_task(asyncio.to_thread(tinker_driver, server_url, tinker_key, ledger, tinker_stop)),
         asyncio.create_task(open_loop(endpoint, run_keys[GRPO_RUNS[0]], args.rate, ledger, stop)),
-        asyncio.create_task(flood(endpoint, flood_key, ledger, stop)),
         asyncio.create_task(probe(endpoint, run_keys, ledger, stop)),
         asyncio.create_task(sample_memory(ledger, stop)),
     ]
+    context = multiprocessing.get_context("spawn")
+    ledger.flood = FloodState(context)
+    flooding = (endpoint, flood_key, ledger.flood, args.minutes)
+    flooder = context.Process(target=flood, args=flooding, daemon=True)
+    flooder.start()
     deadline = args.minutes * 60
     try:
         for index in range(int(deadline // (args.fault_every * 60))):
@@ -511,6 +541,8 @@ async def soak(args: argparse.Namespace, storage: Path) -> dict:
         stop.set()
         tinker_stop.set()
     await asyncio.wait(tasks, timeout=600)
+    await asyncio.to_thread(flooder.join, 120)
+    flooder.kill()
     result = audit(ledger, storage, args.minutes)
     result["leak_examples"] = ledger.leaks[:5]
     result["tinker_failure_examples"] = ledger.tinker_failures[:5]
