@@ -19,11 +19,13 @@ a client that closes a streamed completion after its first chunk.
 The audit: each fault survived (every run made a step after it); every step is contiguous (each train call
 returned the step after the one it started from) with a complete checkpoint; every trajectory a driver saw
 trained is in its run's Parquet; the Tinker run's steps are as many as its optim_steps; no probe answered
-other than 404; the well-behaved load's p99 with the flood against without; each process's resident memory
-sampled every 30 s, its growth after the warm-up (the first quarter, at least 5 minutes).
+other than 404 (a 5xx, which answers nothing, is counted by the fault it met); the well-behaved load's
+p99 with the flood against without; each process's resident memory sampled every 30 s, its growth after
+the warm-up (the first quarter, at least 5 minutes; as long again for a process that replaced a killed one).
 
     python bench/soak.py                     # an hour
     python bench/soak.py --minutes 10 --fault-every 1.5
+    python bench/soak.py --memory-of /tmp/soak/hour   # the memory audit of a soak's progress.jsonl
 
 Last line: {"bench": "soak", "minutes", "faults", "survived", "steps", "steps_lost", "steps_duplicated",
 "trajectories_lost", "tinker_steps", "probes", "leaks", "requests", "failed_requests", "p99_flood_ratio",
@@ -108,10 +110,11 @@ class Ledger:
         self.drivers: dict[str, asyncio.Task[None]] = {}
         self.probes = 0
         self.leaks: list[str] = []
+        self.probe_errors: list[tuple[float, int]] = []  # (when, status)
         self.flood: FloodState | None = None
         self.sessions: dict[str, str] = {}  # an open capture session's id -> its run
         self.registered: dict[str, asyncio.Event] = collections.defaultdict(asyncio.Event)
-        self.rss: dict[tuple[int, str], list[tuple[float, int]]] = collections.defaultdict(list)
+        self.rss: dict[str, list[tuple[float, int]]] = collections.defaultdict(list)  # "name (pid)"
 
     def now(self) -> float:
         return time.monotonic() - self.started
@@ -314,7 +317,8 @@ def flood(endpoint: str, key: str, state: FloodState, minutes: float) -> None:
 
 async def probe(endpoint: str, keys: dict[str, str], ledger: Ledger, stop: asyncio.Event) -> None:
     """Every second, one run key asks for what another key owns: its run, a pinned step of it, or one of its
-    open capture sessions. Anything but a 404 is a leak."""
+    open capture sessions. Any answer but a 404 is a leak; a 5xx (a request in flight on a killed replica, a
+    store restarting) answered nothing and is counted by its fault."""
     import httpx
 
     async with httpx.AsyncClient(timeout=60) as client:
@@ -337,7 +341,9 @@ async def probe(endpoint: str, keys: dict[str, str], ledger: Ledger, stop: async
                     json={"model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
                 )
             ledger.probes += 1
-            if response.status_code != 404:
+            if response.status_code >= 500:  # no answer at all (a fault's moment), so nothing leaked
+                ledger.probe_errors.append((ledger.now(), response.status_code))
+            elif response.status_code != 404:
                 ledger.leaks.append(f"{asker} -> {what}: {response.status_code}")
 
 
@@ -360,9 +366,12 @@ async def sample_memory(ledger: Ledger, stop: asyncio.Event) -> None:
         for process in ray_processes():
             with contextlib.suppress(psutil.Error):
                 command = process.cmdline()
-                name = command[0] if command and command[0].startswith("ray::") else process.name()
+                # an actor's title names its current method (ray::Actor.method): the actor is the process
+                name = (
+                    command[0].split(".")[0] if command and command[0].startswith("ray::") else process.name()
+                )
                 rss = process.memory_info().rss
-                ledger.rss[(process.pid, name)].append((sampled.at, rss))
+                ledger.rss[f"{name} ({process.pid})"].append((sampled.at, rss))
                 sampled.rss[f"{name} ({process.pid})"] = rss
         ledger.write(sampled)
         await asyncio.sleep(SAMPLE_EVERY_S)
@@ -418,6 +427,36 @@ def p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else float("nan")
 
 
+def rss_growth(rss: dict[str, list[tuple[float, int]]], minutes: float) -> dict[str, float]:
+    """Each process's resident-memory growth from the end of its warm-up to its last sample: the warm-up
+    is the run's first quarter (at least 5 minutes), and as long again from its start for a process that
+    started later (a replica or actor that replaced a killed one). A process judged lived at least half
+    of the time after the run's warm-up."""
+    warm = max(minutes * 60 / 4, min(300.0, minutes * 60 / 2))
+    growth: dict[str, float] = {}
+    for process, samples in rss.items():
+        warmed = max(warm, samples[0][0] + warm)
+        after = [(at, value) for at, value in samples if at >= warmed]
+        if len(after) >= 2 and after[-1][0] - after[0][0] >= (minutes * 60 - warm) / 2:
+            growth[process] = after[-1][1] / after[0][1] - 1
+    return growth
+
+
+def rss_of_progress(path: Path) -> dict[str, list[tuple[float, int]]]:
+    """The memory samples a soak wrote to its progress.jsonl, by process (for a soak that hung, or one
+    measured by an older audit)."""
+    rss: dict[str, list[tuple[float, int]]] = collections.defaultdict(list)
+    for line in path.read_text().splitlines():
+        sampled = json.loads(line).get("Memory")
+        for process, value in (sampled or {}).get("rss", {}).items():
+            # samples of older soaks named an actor by its current method too: the pid is the process
+            pid = process.rsplit(" ", 1)[-1]
+            name = process.rsplit(" ", 1)[0]
+            name = name.split(".")[0] if name.startswith("ray::") else name
+            rss[f"{name} {pid}"].append((sampled["at"], value))
+    return rss
+
+
 def audit(ledger: Ledger, storage: Path, minutes: float) -> dict:
     import pyarrow.parquet as pq
 
@@ -451,12 +490,7 @@ def audit(ledger: Ledger, storage: Path, minutes: float) -> dict:
         for fault, end in zip(ledger.faults, ends, strict=True)
         if all(any(fault.at < step.at <= end + 120 for step in by_run[run]) for run in GRPO_RUNS)
     ]
-    warm = max(minutes * 60 / 4, min(300.0, minutes * 60 / 2))
-    growth: dict[str, float] = {}
-    for (pid, name), samples in ledger.rss.items():
-        after = [rss for at, rss in samples if at >= warm]
-        if len(after) >= max(2, (minutes * 60 - warm) / SAMPLE_EVERY_S / 2):  # lived the whole time
-            growth[f"{name} ({pid})"] = after[-1] / after[0] - 1
+    growth = rss_growth(ledger.rss, minutes)
     worst = max(growth.items(), key=lambda item: item[1], default=("none", 0.0))
     with_flood = [r.seconds for r in ledger.requests if r.flood_on and r.error is None]
     without = [r.seconds for r in ledger.requests if not r.flood_on and r.error is None]
@@ -478,6 +512,11 @@ def audit(ledger: Ledger, storage: Path, minutes: float) -> dict:
         "tinker_failures": len(ledger.tinker_failures),
         "probes": ledger.probes,
         "leaks": len(ledger.leaks),
+        "probe_errors": dict(
+            collections.Counter(
+                f"{status} ({nearest_fault(ledger.faults, at)})" for at, status in ledger.probe_errors
+            )
+        ),
         "requests": len(ledger.requests),
         "failed_requests": sum(failures.values()),
         "failed_by_error": dict(failures),
@@ -550,13 +589,32 @@ async def soak(args: argparse.Namespace, storage: Path) -> dict:
     return result
 
 
+def print_memory(growth: dict[str, float]) -> None:
+    print_table(
+        "resident memory after the warm-up",
+        ["process", "growth"],
+        [[name, round(value, 3)] for name, value in sorted(growth.items(), key=lambda item: -item[1])[:15]],
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=60.0)
     parser.add_argument("--fault-every", type=float, default=5.0, help="minutes between faults")
     parser.add_argument("--rate", type=float, default=1.0, help="open-loop requests a second")
     parser.add_argument("--storage", default=None, help="a fresh folder (default: a temporary one)")
+    parser.add_argument(
+        "--memory-of", default=None, help="only audit the memory samples of a soak's --storage folder"
+    )
     args = parser.parse_args()
+    if args.memory_of is not None:
+        growth = rss_growth(rss_of_progress(Path(args.memory_of) / "progress.jsonl"), args.minutes)
+        print_memory(growth)
+        worst = max(growth.items(), key=lambda item: item[1], default=("none", 0.0))
+        print_result(
+            {"bench": "soak-memory", "max_rss_growth": round(worst[1], 3), "rss_growth_process": worst[0]}
+        )
+        return
     storage = Path(args.storage or tempfile.mkdtemp(prefix="art-ray-soak-"))
     start_local_ray()
     result = asyncio.run(soak(args, storage))
@@ -567,11 +625,7 @@ def main() -> None:
         [[kind, kind in result["survived_kinds"]] for kind in result.pop("struck")],
     )
     result.pop("survived_kinds")
-    print_table(
-        "resident memory after the warm-up",
-        ["process", "growth"],
-        [[name, value] for name, value in sorted(growth.items(), key=lambda item: -item[1])[:15]],
-    )
+    print_memory(growth)
     print_table("what the hour kept", ["count", "value"], [[k, v] for k, v in result.items()])
     print_result({"bench": "soak", "minutes": args.minutes, **result})
 
