@@ -46,6 +46,13 @@ def vllm_namespace(config: ServingConfig) -> Namespace:
         args.chat_template = config.chat_template
     args.disable_uvicorn_access_log = True
     args.disable_log_stats = True
+    # vLLM applies a logging dictConfig as it builds the engine config, and a dictConfig closes every
+    # handler of the process: Serve's replica logger then kept a MemoryHandler with no target, which held
+    # every request's access-log record for the replica's life (~2 KB a request, ~3 MB a minute under the
+    # soak's load) and wrote none. vLLM's loggers propagate to the worker's own instead.
+    from vllm.config.logging import LoggingConfig
+
+    args.logging_config = LoggingConfig(configure_logging=False)
     return args
 
 
