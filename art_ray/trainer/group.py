@@ -273,13 +273,11 @@ class TrainerGroup:
 
     async def _run(self, prepare: Callable[[], Any], config: TrainConfig) -> AsyncIterator[TrainEvent]:
         async with self.ranks.turn(self.run):
-            waited = await self._timed_checkpoint_wait()
             gradient_steps = []
             async for gradient_step in self._train(prepare, config):
                 gradient_steps.append(gradient_step)
                 yield gradient_step
             published, timings = await self._publish_and_checkpoint()
-        timings["time/checkpoint_wait_seconds"] = waited
         enqueued = time.perf_counter()
         if published is not None and config.wait_for_replicas:
             await published[0]
@@ -341,14 +339,13 @@ class TrainerGroup:
 
     async def tinker_optim_step(self, step: AdamStep) -> dict[str, float]:
         async with self.ranks.turn(self.run):
-            await self.wait_for_checkpoint()  # see _timed_checkpoint_wait
             async with self._on_device():
                 metrics = await self._tinker_call(
                     [worker.tinker_optim_step.remote(self.run, step) for worker in self.workers]
                 )
                 self.step = await self.workers[0].get_step.remote(self.run)
             # as a train call's step: a rank lost later does not take the step with it
-            self._start_checkpoint()
+            await self._start_checkpoint()
         return metrics[0]
 
     async def save_state(self, folder: str) -> None:
@@ -394,22 +391,21 @@ class TrainerGroup:
         start = time.perf_counter()
         registry = get_registry() if self.publish else None
         captured = [worker.publish_adapter.remote(self.run, registry) for worker in self.workers]
-        self._start_checkpoint()
+        waited = await self._start_checkpoint()
         published = await captured[0]
-        return published, {"time/publish_enqueue_seconds": time.perf_counter() - start}
+        timings = {
+            "time/checkpoint_wait_seconds": waited,
+            "time/publish_enqueue_seconds": time.perf_counter() - start - waited,
+        }
+        return published, timings
 
-    async def _timed_checkpoint_wait(self) -> float:
-        """Wait for the last step's checkpoint before making the next step (its files had the step's
-        training to be written; a write's error, if any, surfaces here); the seconds waited. Waiting
-        before the step, not after it, keeps a lost rank's cost to one step: the run's previous step is
-        on storage whenever a call has made its own, so the restart makes at most that one again."""
+    async def _start_checkpoint(self) -> float:
+        """Start the current step's checkpoint, written while the next call runs; the seconds spent
+        waiting for the last one first (one in flight at most: its files had this step's training to be
+        written; a write's error, if any, surfaces here)."""
         waited = time.perf_counter()
         await self.wait_for_checkpoint()
-        return time.perf_counter() - waited
-
-    def _start_checkpoint(self) -> None:
-        """Start the current step's checkpoint, written while the next call runs (which waits for it
-        before making its step: one in flight at most)."""
+        waited = time.perf_counter() - waited
         folder = self.config.checkpoint_dir(self.step)
         saved = [worker.save_checkpoint.remote(self.run, folder) for worker in self.workers]
         written = [
@@ -419,6 +415,7 @@ class TrainerGroup:
         self._checkpoint_written = self.workers[0].mark_checkpoint_complete.remote(
             folder, self.step, *written
         )
+        return waited
 
     async def wait_for_checkpoint(self) -> None:
         """Until the last train call's checkpoint is complete on storage."""
