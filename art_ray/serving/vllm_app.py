@@ -7,6 +7,8 @@ namespace and builds the engine and the app the way `vllm serve` does.
 
 from __future__ import annotations
 
+import logging
+import sys
 from argparse import Namespace
 from typing import Any
 
@@ -49,11 +51,29 @@ def vllm_namespace(config: ServingConfig) -> Namespace:
     # vLLM applies a logging dictConfig as it builds the engine config, and a dictConfig closes every
     # handler of the process: Serve's replica logger then kept a MemoryHandler with no target, which held
     # every request's access-log record for the replica's life (~2 KB a request, ~3 MB a minute under the
-    # soak's load) and wrote none. vLLM's loggers propagate to the worker's own instead.
+    # soak's load) and wrote none. The replica's vLLM lines get a handler of their own instead
+    # (log_vllm_lines), which a forked engine core inherits; a spawned one shows its warnings on stderr.
     from vllm.config.logging import LoggingConfig
 
     args.logging_config = LoggingConfig(configure_logging=False)
     return args
+
+
+def log_vllm_lines() -> None:
+    """vLLM's lines in this process to stdout, as vLLM's own setup sends them, without its dictConfig."""
+    import vllm.envs
+
+    logger = logging.getLogger("vllm")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(
+            logging.Formatter(
+                "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s", "%m-%d %H:%M:%S"
+            )
+        )
+        logger.addHandler(handler)
+        logger.setLevel(vllm.envs.VLLM_LOGGING_LEVEL)
+        logger.propagate = False
 
 
 def kv_cache_bytes_per_token(vllm_config: Any) -> int:
@@ -78,6 +98,7 @@ async def build_engine_and_app(config: ServingConfig) -> tuple[Any, Any]:
     from art_ray.serving.cpu_fork import fork_engine_core
 
     config.engine.apply_env()
+    log_vllm_lines()
     args = vllm_namespace(config)
     if args.tool_call_parser and config.tool_call_max_whitespace is not None:
         from art_ray.serving.tool_grammar import bounded_whitespace_parser
