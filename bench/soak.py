@@ -366,9 +366,8 @@ async def sample_memory(ledger: Ledger, stop: asyncio.Event) -> None:
         for process in ray_processes():
             with contextlib.suppress(psutil.Error):
                 command = process.cmdline()
-                # an actor's title names its current method (ray::Actor.method): the actor is the process
-                name = (
-                    command[0].split(".")[0] if command and command[0].startswith("ray::") else process.name()
+                name = process_name(
+                    command[0] if command and command[0].startswith("ray::") else process.name()
                 )
                 rss = process.memory_info().rss
                 ledger.rss[f"{name} ({process.pid})"].append((sampled.at, rss))
@@ -427,11 +426,17 @@ def p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else float("nan")
 
 
+def process_name(title: str) -> str:
+    """A process's name for its memory samples: an actor's title names its current method
+    (ray::Actor.method), and the actor is the process."""
+    return title.split(".")[0] if title.startswith("ray::") else title
+
+
 def rss_growth(rss: dict[str, list[tuple[float, int]]], minutes: float) -> dict[str, float]:
     """Each process's resident-memory growth from the end of its warm-up to its last sample: the warm-up
     is the run's first quarter (at least 5 minutes), and as long again from its start for a process that
-    started later (a replica or actor that replaced a killed one). A process judged lived at least half
-    of the time after the run's warm-up."""
+    started later (a replica or actor that replaced a killed one). Only a process whose samples after its
+    warm-up span at least half of the run's time after the warm-up is judged."""
     warm = max(minutes * 60 / 4, min(300.0, minutes * 60 / 2))
     growth: dict[str, float] = {}
     for process, samples in rss.items():
@@ -442,6 +447,10 @@ def rss_growth(rss: dict[str, list[tuple[float, int]]], minutes: float) -> dict[
     return growth
 
 
+def most_grown(growth: dict[str, float]) -> tuple[str, float]:
+    return max(growth.items(), key=lambda item: item[1], default=("none", 0.0))
+
+
 def rss_of_progress(path: Path) -> dict[str, list[tuple[float, int]]]:
     """The memory samples a soak wrote to its progress.jsonl, by process (for a soak that hung, or one
     measured by an older audit)."""
@@ -449,11 +458,8 @@ def rss_of_progress(path: Path) -> dict[str, list[tuple[float, int]]]:
     for line in path.read_text().splitlines():
         sampled = json.loads(line).get("Memory")
         for process, value in (sampled or {}).get("rss", {}).items():
-            # samples of older soaks named an actor by its current method too: the pid is the process
-            pid = process.rsplit(" ", 1)[-1]
-            name = process.rsplit(" ", 1)[0]
-            name = name.split(".")[0] if name.startswith("ray::") else name
-            rss[f"{name} {pid}"].append((sampled["at"], value))
+            title, pid = process.rsplit(" ", 1)  # older soaks named an actor by its current method
+            rss[f"{process_name(title)} {pid}"].append((sampled["at"], value))
     return rss
 
 
@@ -491,7 +497,7 @@ def audit(ledger: Ledger, storage: Path, minutes: float) -> dict:
         if all(any(fault.at < step.at <= end + 120 for step in by_run[run]) for run in GRPO_RUNS)
     ]
     growth = rss_growth(ledger.rss, minutes)
-    worst = max(growth.items(), key=lambda item: item[1], default=("none", 0.0))
+    worst = most_grown(growth)
     with_flood = [r.seconds for r in ledger.requests if r.flood_on and r.error is None]
     without = [r.seconds for r in ledger.requests if not r.flood_on and r.error is None]
     flood_counts = ledger.flood.totals() if ledger.flood else {}
@@ -610,7 +616,7 @@ def main() -> None:
     if args.memory_of is not None:
         growth = rss_growth(rss_of_progress(Path(args.memory_of) / "progress.jsonl"), args.minutes)
         print_memory(growth)
-        worst = max(growth.items(), key=lambda item: item[1], default=("none", 0.0))
+        worst = most_grown(growth)
         print_result(
             {"bench": "soak-memory", "max_rss_growth": round(worst[1], 3), "rss_growth_process": worst[0]}
         )
