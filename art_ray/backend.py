@@ -462,16 +462,33 @@ class RayBackend:
         """One AdamW step on the gradients of the run's forward_backward calls since its last step; the
         run's step advances (checkpointed in the background, as a train call's). Nothing is published:
         `save_for_sampler` does that."""
-        metrics = await self._in_flight(
-            model, self._tinker_retried(model, lambda trainer: trainer.tinker_optim_step(step))
-        )
-        applied = self._tinker_pending.pop(model.name, [])
+        applied = list(self._tinker_pending.get(model.name, []))
+        made_again: list[dict[str, float]] = []
 
         async def again(trainer: TrainerGroup) -> None:
             for call in applied:
                 await trainer.tinker_forward_backward(call)
-            await trainer.tinker_optim_step(step)
+            made_again.append(await trainer.tinker_optim_step(step))
 
+        trainer = self._trainer(model)
+        started_at = trainer.step
+        self._making[model.name] = (started_at, again)
+        try:
+            with self._counted_in_flight(model):
+                try:
+                    metrics = await trainer.tinker_optim_step(step)
+                except ray.exceptions.RayActorError as died:
+                    if not rank_died(died):
+                        raise
+                    await self._restart_dead(model, trainer, died)
+                    restarted = self._trainer(model)
+                    if restarted.step > started_at:  # made again from its calls by the restart
+                        metrics = made_again[-1] if made_again else {}
+                    else:
+                        metrics = await restarted.tinker_optim_step(step)
+        finally:
+            self._making.pop(model.name, None)
+        self._tinker_pending.pop(model.name, None)
         self._last_call[model.name] = again
         # A Tinker run's step checkpoints are art-ray's own, for a restart (its user keeps states with
         # save_state): the last complete one and this step's, still being written, are all a restart
@@ -606,10 +623,10 @@ class RayBackend:
 
     async def _restart_trainer(self, model: TrainableModel) -> None:
         """New ranks from the latest complete checkpoint, for the model and every run that shared its
-        ranks. When a rank died while a run's last checkpoint was being written, that call runs again
-        first, so its step is not lost (its metrics were logged when it returned and are not logged
-        again); then a Tinker run's forward_backward calls since its last optim_step, so their gradients
-        wait on the new ranks as on the old."""
+        ranks. The steps no complete checkpoint holds are made again from the calls that made them (the
+        last call that returned, the call in flight: `_steps_to_make_again`), so none is lost (metrics
+        logged once, when the call returned); then a Tinker run's forward_backward calls since its last
+        optim_step, so their gradients wait on the new ranks as on the old."""
         from art_ray.trainer.group import TrainerGroup
 
         dead = self._trainers[model.name]
@@ -627,15 +644,13 @@ class RayBackend:
             await trainer.start()  # resumes from the latest complete checkpoint and publishes it
             ranks = trainer.ranks
             self._trainers[name] = trainer
-            making = self._making.get(name)
-            # the step not on storage was made by the call in flight if that call started from the step
-            # before it, else by the last call that returned
-            remake = (
-                making[1] if making is not None and making[0] == trainer.step else self._last_call.get(name)
-            )
-            if trainer.step == old.step - 1 and remake is not None:
-                print(f"art-ray: {name}: step {old.step} was not on storage; training it again")
+            remakes = self._steps_to_make_again(name, restored=trainer.step, reached=old.step)
+            for step, remake in enumerate(remakes, start=trainer.step + 1):
+                print(f"art-ray: {name}: step {step} was not on storage; training it again")
                 await remake(trainer)
+            if remakes and self._made_in_flight(name, old.step):
+                # the call in flight applied them as it was made again
+                self._tinker_pending.pop(name, None)
             if trainer.step != old.step:
                 # gradients of the lost steps' adapter mean nothing to the one it goes on from
                 self._tinker_pending.pop(name, None)
@@ -645,6 +660,28 @@ class RayBackend:
                 print(f"art-ray: {lost}; it goes on from step {trainer.step}", flush=True)
             for call in self._tinker_pending.get(name, []):
                 await trainer.tinker_forward_backward(call)
+
+    def _made_in_flight(self, name: str, reached: int) -> bool:
+        """Whether the run's call in flight had made its step when its rank died."""
+        making = self._making.get(name)
+        return making is not None and reached == making[0] + 1
+
+    def _steps_to_make_again(
+        self, name: str, restored: int, reached: int
+    ) -> list[Callable[[TrainerGroup], Awaitable[None]]]:
+        """The calls that make the run's steps after `restored` (the latest complete checkpoint) up to
+        `reached` (the step its ranks had made), oldest first; empty when one of them cannot be made again.
+        A call's checkpoint is written while the next call trains and that call waits for it after making
+        its own step: a rank lost then takes two steps, the last returned call's and the one in flight's."""
+        making = self._making.get(name)
+        last = self._last_call.get(name)
+        if making is not None and reached == making[0] + 1:  # the call in flight had made its step
+            if restored == making[0]:
+                return [making[1]]
+            if restored == making[0] - 1 and last is not None:
+                return [last, making[1]]
+            return []
+        return [last] if restored == reached - 1 and last is not None else []
 
     async def _logged(
         self, model: TrainableModel, events: AsyncIterator[TrainEvent]

@@ -204,9 +204,10 @@ async def test_a_killed_trainer_rank_is_restarted_and_its_step_ends_as_if_nothin
     """Two models train on the same groups on one shared trainer; it loses rank 0 before their second
     step, while the first model's first checkpoint was not yet complete: its train() call still returns the
     step (step 1 trained again from the same groups), the other run is restarted on the new ranks with it.
-    At the third step rank 0 dies after the first model's call made its step, while publishing it: the
-    call returns that step, made again from its own groups (the soak found the previous call's groups
-    trained again and the call's step made twice). Their adapters are equal, and MLflow holds each row
+    At the third step rank 0 dies after the first model's call made its step, as it waits for step 2's
+    checkpoint: steps 2 and 3 are on no storage; the call returns step 3, step 2 made again from the last
+    call's groups and step 3 from its own (the soak found the previous call's groups trained again and the
+    call's step made twice; later, both steps lost). Their adapters are equal, and MLflow holds each row
     once."""
     import mlflow
     import ray
@@ -235,15 +236,8 @@ async def test_a_killed_trainer_rank_is_restarted_and_its_step_ends_as_if_nothin
                 await trainer.wait_for_checkpoint()
                 (Path(trainer.config.checkpoint_dir(1)) / STATE_FILE).unlink()
                 ray.kill(trainer.workers[0])
-            if step == 3:  # rank 0 dies after the call made step 3, as it starts to publish it
-                publish = trainer._publish_and_checkpoint
-
-                async def publishing_on_a_dying_rank(trainer=trainer, publish=publish):  # noqa: ANN001, ANN202
-                    await trainer.wait_for_checkpoint()  # step 2 is on storage, step 3 is not
-                    ray.kill(trainer.workers[0])
-                    return await publish()
-
-                trainer._publish_and_checkpoint = publishing_on_a_dying_rank
+            if step == 3:
+                die_while_step_2_is_written(trainer)
             for model in (killed, reference):
                 assert await model.train(groups, TrainConfig(learning_rate=1e-3), verbose=False) == step
             if step == 2:
@@ -265,12 +259,31 @@ async def test_a_killed_trainer_rank_is_restarted_and_its_step_ends_as_if_nothin
             stop_trainer(backend, model.name)
 
 
+def die_while_step_2_is_written(trainer) -> None:  # noqa: ANN001
+    """The group's rank 0 dies after its next call made step 3, as that call waits for step 2's
+    checkpoint to be complete (made here incomplete): no storage holds steps 2 and 3."""
+    import ray
+
+    wait = trainer.wait_for_checkpoint
+
+    async def waiting_on_a_dying_rank() -> None:
+        trainer.wait_for_checkpoint = wait
+        await wait()
+        (Path(trainer.config.checkpoint_dir(2)) / STATE_FILE).unlink()
+        ray.kill(trainer.workers[0])
+        await trainer.workers[0].get_step.remote(trainer.run)
+
+    trainer.wait_for_checkpoint = waiting_on_a_dying_rank
+
+
 async def test_a_tinker_run_keeps_its_steps_and_waiting_gradients_when_a_trainer_rank_dies(registered):
     """Two Tinker runs share a trainer; it loses rank 0 after both runs' forward_backward calls of step 2,
     before their optim_step, while the first run's step-1 checkpoint was not yet complete. Each optim_step
     still returns step 2: step 1 is made again from its calls, the calls waiting for step 2 are sent to the
-    new ranks. After a third step both adapters equal a third run's on its own ranks that no fault touched,
-    and the killed run keeps only the step checkpoints a restart needs."""
+    new ranks. At step 3 rank 0 dies after the first run's optim_step made it, as it waits for step 2's
+    checkpoint: that call still returns step 3, steps 2 and 3 made again from their calls, and the
+    sibling's waiting calls go to the new ranks. Both adapters equal a third run's on its own ranks that no
+    fault touched, and the killed run keeps only the step checkpoints a restart needs."""
     import ray
     from conftest import stop_trainer
     from test_tinker_trainer import CONVERSATIONS, tinker_data
@@ -310,10 +323,14 @@ async def test_a_tinker_run_keeps_its_steps_and_waiting_gradients_when_a_trainer
                 await trainer.wait_for_checkpoint()
                 (Path(trainer.config.checkpoint_dir(1)) / STATE_FILE).unlink()
                 ray.kill(trainer.workers[0])
+            if step == 3:
+                restarted = backend._trainers[killed.name]
+                die_while_step_2_is_written(restarted)
             for model in models:
                 await backend.optim_step(model, adam)
                 assert await backend.get_step(model) == step
-        assert backend._trainers[killed.name].ranks is not ranks
+        assert backend._trainers[killed.name].ranks not in (ranks, restarted.ranks)
+        assert backend._trainers[sibling.name].ranks is backend._trainers[killed.name].ranks
         # each optim_step keeps the last complete step checkpoint and its own (step 1's is gone)
         await backend._trainers[killed.name].wait_for_checkpoint()
         assert backend.checkpoint_steps(killed) == [2, 3]
