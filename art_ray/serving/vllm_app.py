@@ -7,12 +7,11 @@ namespace and builds the engine and the app the way `vllm serve` does.
 
 from __future__ import annotations
 
-import logging
-import sys
 from argparse import Namespace
 from typing import Any
 
 from art_ray.serving.config import ServingConfig
+from art_ray.serving.vllm_logging import log_vllm_lines, logging_config_of_a_replica
 
 # The base model is never served without an adapter (vLLM-CPU applies adapters to no-adapter requests
 # batched with adapter ones); it is registered under this name and the middleware refuses it.
@@ -48,32 +47,8 @@ def vllm_namespace(config: ServingConfig) -> Namespace:
         args.chat_template = config.chat_template
     args.disable_uvicorn_access_log = True
     args.disable_log_stats = True
-    # vLLM applies a logging dictConfig as it builds the engine config, and a dictConfig closes every
-    # handler of the process: Serve's replica logger then kept a MemoryHandler with no target, which held
-    # every request's access-log record for the replica's life (~2 KB a request, ~3 MB a minute under the
-    # soak's load) and wrote none. The replica's vLLM lines get a handler of their own instead
-    # (log_vllm_lines), which a forked engine core inherits; a spawned one shows its warnings on stderr.
-    from vllm.config.logging import LoggingConfig
-
-    args.logging_config = LoggingConfig(configure_logging=False)
+    args.logging_config = logging_config_of_a_replica()  # vllm_logging.py: no dictConfig here
     return args
-
-
-def log_vllm_lines() -> None:
-    """vLLM's lines in this process to stdout, as vLLM's own setup sends them, without its dictConfig."""
-    import vllm.envs
-
-    logger = logging.getLogger("vllm")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(
-            logging.Formatter(
-                "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s", "%m-%d %H:%M:%S"
-            )
-        )
-        logger.addHandler(handler)
-        logger.setLevel(vllm.envs.VLLM_LOGGING_LEVEL)
-        logger.propagate = False
 
 
 def kv_cache_bytes_per_token(vllm_config: Any) -> int:
