@@ -21,6 +21,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+# vLLM's own default level, kept for the session: importing TRL (the parity tests) sets
+# VLLM_LOGGING_LEVEL=ERROR unless it is set (trl/_compat.py), and the session cluster, started later from
+# this process, would pass that to every replica: their vLLM lines, which tests read, would be gone.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
 
 API_KEY = "test-key"
 MODEL = "agent"

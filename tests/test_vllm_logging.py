@@ -25,6 +25,7 @@ init_logger("vllm.lora.worker_manager").info("Loaded new LoRA adapter: name 'm@1
 
 def test_a_spawned_engine_process_of_a_replica_writes_vllms_lines_to_stdout() -> None:
     env = {key: value for key, value in os.environ.items() if key != LINES_OF_A_REPLICA}
+    env["VLLM_LOGGING_LEVEL"] = "INFO"
     done = subprocess.run(
         [sys.executable, "-c", SPAWNED_ENGINE_PROCESS], env=env, capture_output=True, text=True, timeout=300
     )
