@@ -11,21 +11,21 @@ from art_ray.serving.vllm_logging import LINES_OF_A_REPLICA
 
 SPAWNED_ENGINE_PROCESS = f"""
 import logging, os
-from art_ray.serving import vllm_logging
-from vllm.logger import init_logger
+from importlib.metadata import entry_points
 
-vllm_logging.register()  # a process no replica started: vLLM's logging is left as it is
+# the entry point vLLM's load_general_plugins() calls in each engine process
+plugin = entry_points(group="vllm.general_plugins")["art_ray_vllm_lines"].load()
+plugin()  # a process no replica started: vLLM's logging is left as it is
 assert not logging.getLogger("vllm").handlers
 os.environ[{LINES_OF_A_REPLICA!r}] = "1"  # as a spawned engine core inherits it from its replica
-from vllm.plugins import load_general_plugins
-load_general_plugins()
-init_logger("vllm.lora.worker_manager").info("Loaded new LoRA adapter: name 'm@1'")
+plugin()
+logging.getLogger("vllm.lora.worker_manager").info("Loaded new LoRA adapter: name 'm@1'")
 """
 
 
 def test_a_spawned_engine_process_of_a_replica_writes_vllms_lines_to_stdout() -> None:
     env = {key: value for key, value in os.environ.items() if key != LINES_OF_A_REPLICA}
-    env["VLLM_LOGGING_LEVEL"] = "INFO"
+    env["VLLM_LOGGING_LEVEL"] = "INFO"  # vLLM's default (importing TRL sets ERROR in the test process)
     done = subprocess.run(
         [sys.executable, "-c", SPAWNED_ENGINE_PROCESS], env=env, capture_output=True, text=True, timeout=300
     )
