@@ -21,7 +21,10 @@ returned the step after the one it started from) with a complete checkpoint; eve
 trained is in its run's Parquet; the Tinker run's steps are as many as its optim_steps; no probe answered
 other than 404 (a 5xx, which answers nothing, is counted by the fault it met); the well-behaved load's
 p99 with the flood against without; each process's resident memory sampled every 30 s, its growth after
-the warm-up (the first quarter, at least 5 minutes; as long again for a process that replaced a killed one).
+the warm-up (the first quarter, at least 5 minutes; as long again for a process that replaced a killed one):
+all of it, and its private (anonymous) part. The rest of a resident set is file pages (a binary's code,
+paged in as its paths first run, and dropped under pressure) and shared memory. (The raylet's growth is
+private memory, and an idle cluster's raylet grows alike in its first minutes: Ray's own warm-up.)
 
     python bench/soak.py                     # an hour
     python bench/soak.py --minutes 10 --fault-every 1.5
@@ -29,7 +32,8 @@ the warm-up (the first quarter, at least 5 minutes; as long again for a process 
 
 Last line: {"bench": "soak", "minutes", "faults", "survived", "steps", "steps_lost", "steps_duplicated",
 "trajectories_lost", "tinker_steps", "probes", "leaks", "requests", "failed_requests", "p99_flood_ratio",
-"flood_refused", "max_rss_growth", "rss_growth_process", "seconds"}.
+"flood_refused", "max_rss_growth", "rss_growth_process", "max_private_growth", "private_growth_process",
+"seconds"}.
 """
 
 from __future__ import annotations
@@ -89,10 +93,12 @@ class Fault(pydantic.BaseModel):
 
 
 class Memory(pydantic.BaseModel):
-    """One round of resident-memory samples (bytes by process), for the curve after the run."""
+    """One round of resident-memory samples (bytes by process), for the curve after the run: all of it, and
+    its private part (anonymous pages: not the binary's or libraries' file pages, nor shared memory)."""
 
     at: float
     rss: dict[str, int]
+    private: dict[str, int] = {}
 
 
 class Ledger:
@@ -115,6 +121,7 @@ class Ledger:
         self.sessions: dict[str, str] = {}  # an open capture session's id -> its run
         self.registered: dict[str, asyncio.Event] = collections.defaultdict(asyncio.Event)
         self.rss: dict[str, list[tuple[float, int]]] = collections.defaultdict(list)  # "name (pid)"
+        self.private: dict[str, list[tuple[float, int]]] = collections.defaultdict(list)
 
     def now(self) -> float:
         return time.monotonic() - self.started
@@ -362,16 +369,20 @@ async def sample_memory(ledger: Ledger, stop: asyncio.Event) -> None:
     import psutil
 
     while not stop.is_set():
-        sampled = Memory(at=ledger.now(), rss={})
+        sampled = Memory(at=ledger.now(), rss={}, private={})
         for process in ray_processes():
             with contextlib.suppress(psutil.Error):
                 command = process.cmdline()
                 name = process_name(
                     command[0] if command and command[0].startswith("ray::") else process.name()
                 )
-                rss = process.memory_info().rss
-                ledger.rss[f"{name} ({process.pid})"].append((sampled.at, rss))
-                sampled.rss[f"{name} ({process.pid})"] = rss
+                resident = process.memory_info()
+                for kept, sample, value in (
+                    (ledger.rss, sampled.rss, resident.rss),
+                    (ledger.private, sampled.private, resident.rss - resident.shared),
+                ):
+                    kept[f"{name} ({process.pid})"].append((sampled.at, value))
+                    sample[f"{name} ({process.pid})"] = value
         ledger.write(sampled)
         await asyncio.sleep(SAMPLE_EVERY_S)
 
@@ -451,16 +462,16 @@ def most_grown(growth: dict[str, float]) -> tuple[str, float]:
     return max(growth.items(), key=lambda item: item[1], default=("none", 0.0))
 
 
-def rss_of_progress(path: Path) -> dict[str, list[tuple[float, int]]]:
-    """The memory samples a soak wrote to its progress.jsonl, by process (for a soak that hung, or one
-    measured by an older audit)."""
-    rss: dict[str, list[tuple[float, int]]] = collections.defaultdict(list)
+def memory_of_progress(path: Path, kind: str) -> dict[str, list[tuple[float, int]]]:
+    """The memory samples ("rss" or "private") a soak wrote to its progress.jsonl, by process (for a soak
+    that hung, or one measured by an older audit; those sampled no private memory)."""
+    kept: dict[str, list[tuple[float, int]]] = collections.defaultdict(list)
     for line in path.read_text().splitlines():
         sampled = json.loads(line).get("Memory")
-        for process, value in (sampled or {}).get("rss", {}).items():
+        for process, value in (sampled or {}).get(kind, {}).items():
             title, pid = process.rsplit(" ", 1)  # older soaks named an actor by its current method
-            rss[f"{process_name(title)} {pid}"].append((sampled["at"], value))
-    return rss
+            kept[f"{process_name(title)} {pid}"].append((sampled["at"], value))
+    return kept
 
 
 def audit(ledger: Ledger, storage: Path, minutes: float) -> dict:
@@ -497,7 +508,8 @@ def audit(ledger: Ledger, storage: Path, minutes: float) -> dict:
         if all(any(fault.at < step.at <= end + 120 for step in by_run[run]) for run in GRPO_RUNS)
     ]
     growth = rss_growth(ledger.rss, minutes)
-    worst = most_grown(growth)
+    private = rss_growth(ledger.private, minutes)
+    worst, worst_private = most_grown(growth), most_grown(private)
     with_flood = [r.seconds for r in ledger.requests if r.flood_on and r.error is None]
     without = [r.seconds for r in ledger.requests if not r.flood_on and r.error is None]
     flood_counts = ledger.flood.totals() if ledger.flood else {}
@@ -532,7 +544,10 @@ def audit(ledger: Ledger, storage: Path, minutes: float) -> dict:
         **{f"flood_{outcome}": count for outcome, count in flood_counts.items()},
         "max_rss_growth": round(worst[1], 3),
         "rss_growth_process": worst[0],
+        "max_private_growth": round(worst_private[1], 3),
+        "private_growth_process": worst_private[0],
         "rss_growth": growth,
+        "private_growth": private,
     }
 
 
@@ -595,11 +610,14 @@ async def soak(args: argparse.Namespace, storage: Path) -> dict:
     return result
 
 
-def print_memory(growth: dict[str, float]) -> None:
+def print_memory(growth: dict[str, float], private: dict[str, float]) -> None:
     print_table(
         "resident memory after the warm-up",
-        ["process", "growth"],
-        [[name, round(value, 3)] for name, value in sorted(growth.items(), key=lambda item: -item[1])[:15]],
+        ["process", "growth", "private growth"],
+        [
+            [name, round(value, 3), round(private[name], 3) if name in private else "-"]
+            for name, value in sorted(growth.items(), key=lambda item: -item[1])[:15]
+        ],
     )
 
 
@@ -614,24 +632,32 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.memory_of is not None:
-        growth = rss_growth(rss_of_progress(Path(args.memory_of) / "progress.jsonl"), args.minutes)
-        print_memory(growth)
-        worst = most_grown(growth)
+        progress = Path(args.memory_of) / "progress.jsonl"
+        growth = rss_growth(memory_of_progress(progress, "rss"), args.minutes)
+        private = rss_growth(memory_of_progress(progress, "private"), args.minutes)
+        print_memory(growth, private)
+        worst, worst_private = most_grown(growth), most_grown(private)
         print_result(
-            {"bench": "soak-memory", "max_rss_growth": round(worst[1], 3), "rss_growth_process": worst[0]}
+            {
+                "bench": "soak-memory",
+                "max_rss_growth": round(worst[1], 3),
+                "rss_growth_process": worst[0],
+                "max_private_growth": round(worst_private[1], 3),
+                "private_growth_process": worst_private[0],
+            }
         )
         return
     storage = Path(args.storage or tempfile.mkdtemp(prefix="art-ray-soak-"))
     start_local_ray()
     result = asyncio.run(soak(args, storage))
-    growth = result.pop("rss_growth")
+    growth, private = result.pop("rss_growth"), result.pop("private_growth")
     print_table(
         f"soak: {args.minutes:g} minutes, a fault every {args.fault_every:g}",
         ["fault", "survived"],
         [[kind, kind in result["survived_kinds"]] for kind in result.pop("struck")],
     )
     result.pop("survived_kinds")
-    print_memory(growth)
+    print_memory(growth, private)
     print_table("what the hour kept", ["count", "value"], [[k, v] for k, v in result.items()])
     print_result({"bench": "soak", "minutes": args.minutes, **result})
 
