@@ -470,22 +470,16 @@ class RayBackend:
                 await trainer.tinker_forward_backward(call)
             made_again.append(await trainer.tinker_optim_step(step))
 
-        trainer = self._trainer(model)
-        started_at = trainer.step
+        started_at = self._trainer(model).step
+
+        async def once(trainer: TrainerGroup) -> dict[str, float]:
+            if trainer.step > started_at:  # a restart made it again from its calls
+                return made_again[-1] if made_again else {}
+            return await trainer.tinker_optim_step(step)
+
         self._making[model.name] = (started_at, again)
         try:
-            with self._counted_in_flight(model):
-                try:
-                    metrics = await trainer.tinker_optim_step(step)
-                except ray.exceptions.RayActorError as died:
-                    if not rank_died(died):
-                        raise
-                    await self._restart_dead(model, trainer, died)
-                    restarted = self._trainer(model)
-                    if restarted.step > started_at:  # made again from its calls by the restart
-                        metrics = made_again[-1] if made_again else {}
-                    else:
-                        metrics = await restarted.tinker_optim_step(step)
+            metrics = await self._in_flight(model, self._tinker_retried(model, once))
         finally:
             self._making.pop(model.name, None)
         self._tinker_pending.pop(model.name, None)
@@ -673,9 +667,9 @@ class RayBackend:
         `reached` (the step its ranks had made), oldest first; empty when one of them cannot be made again.
         A call's checkpoint is written while the next call trains and that call waits for it after making
         its own step: a rank lost then takes two steps, the last returned call's and the one in flight's."""
-        making = self._making.get(name)
         last = self._last_call.get(name)
-        if making is not None and reached == making[0] + 1:  # the call in flight had made its step
+        if self._made_in_flight(name, reached):
+            making = self._making[name]
             if restored == making[0]:
                 return [making[1]]
             if restored == making[0] - 1 and last is not None:

@@ -462,6 +462,17 @@ def most_grown(growth: dict[str, float]) -> tuple[str, float]:
     return max(growth.items(), key=lambda item: item[1], default=("none", 0.0))
 
 
+def memory_figures(growth: dict[str, float], private: dict[str, float]) -> dict[str, float | str]:
+    """The headline figures: the most grown process, by its resident and by its private memory."""
+    worst, worst_private = most_grown(growth), most_grown(private)
+    return {
+        "max_rss_growth": round(worst[1], 3),
+        "rss_growth_process": worst[0],
+        "max_private_growth": round(worst_private[1], 3),
+        "private_growth_process": worst_private[0],
+    }
+
+
 def memory_of_progress(path: Path, kind: str) -> dict[str, list[tuple[float, int]]]:
     """The memory samples ("rss" or "private") a soak wrote to its progress.jsonl, by process (for a soak
     that hung, or one measured by an older audit; those sampled no private memory)."""
@@ -509,7 +520,6 @@ def audit(ledger: Ledger, storage: Path, minutes: float) -> dict:
     ]
     growth = rss_growth(ledger.rss, minutes)
     private = rss_growth(ledger.private, minutes)
-    worst, worst_private = most_grown(growth), most_grown(private)
     with_flood = [r.seconds for r in ledger.requests if r.flood_on and r.error is None]
     without = [r.seconds for r in ledger.requests if not r.flood_on and r.error is None]
     flood_counts = ledger.flood.totals() if ledger.flood else {}
@@ -542,10 +552,7 @@ def audit(ledger: Ledger, storage: Path, minutes: float) -> dict:
         "p99_with_flood_s": round(p99(with_flood), 2),
         "p99_flood_ratio": round(p99(with_flood) / p99(without), 2) if without and with_flood else None,
         **{f"flood_{outcome}": count for outcome, count in flood_counts.items()},
-        "max_rss_growth": round(worst[1], 3),
-        "rss_growth_process": worst[0],
-        "max_private_growth": round(worst_private[1], 3),
-        "private_growth_process": worst_private[0],
+        **memory_figures(growth, private),
         "rss_growth": growth,
         "private_growth": private,
     }
@@ -636,16 +643,7 @@ def main() -> None:
         growth = rss_growth(memory_of_progress(progress, "rss"), args.minutes)
         private = rss_growth(memory_of_progress(progress, "private"), args.minutes)
         print_memory(growth, private)
-        worst, worst_private = most_grown(growth), most_grown(private)
-        print_result(
-            {
-                "bench": "soak-memory",
-                "max_rss_growth": round(worst[1], 3),
-                "rss_growth_process": worst[0],
-                "max_private_growth": round(worst_private[1], 3),
-                "private_growth_process": worst_private[0],
-            }
-        )
+        print_result({"bench": "soak-memory", **memory_figures(growth, private)})
         return
     storage = Path(args.storage or tempfile.mkdtemp(prefix="art-ray-soak-"))
     start_local_ray()
