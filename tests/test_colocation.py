@@ -5,13 +5,18 @@ rank's), on SmolLM2 served and trained by the session's `smol` backend (colocate
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
+import sys
 import time
 
 import psutil
 import pytest
+import ray
 
 from art_ray import TrainConfig, Trajectory, TrajectoryGroup
+from art_ray.adapters.registry import INFERENCE_DEPLOYMENT
+from art_ray.unused_imports import NEVER_USED_IN_ACTORS
 
 pytestmark = pytest.mark.slow
 
@@ -168,3 +173,26 @@ async def test_each_phase_gets_every_core_and_the_idle_side_sleeps(smollm2_model
         model=model.get_inference_name(step + 1), messages=[{"role": "user", "content": "Hi"}], max_tokens=2
     )
     assert served.choices[0].message.content is not None
+
+
+def imported(names: tuple[str, ...]):  # noqa: ANN201 - a function Ray runs in the actor
+    return lambda _actor: sorted(name for name in names if sys.modules.get(name) is not None)
+
+
+async def test_a_trainer_rank_and_a_replica_start_without_scikit_learn_and_mlflow(smollm2_model) -> None:
+    """Both processes loaded the modules that import the two packages when installed (transformers'
+    candidate generator, DeepSpeed's autotuner), and skipped them (art_ray/unused_imports.py)."""
+    backend, model = smollm2_model.backend, smollm2_model.model
+    importers = ("transformers.generation.candidate_generator", "deepspeed.autotuning.autotuner")
+    trainer = backend._trainers[model.name]
+    await trainer.start()
+    rank = trainer.workers[0]
+    assert await rank.__ray_call__.remote(imported((*importers, *NEVER_USED_IN_ACTORS))) == sorted(importers)
+    (replica,) = [
+        actor
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["name"].startswith(f"SERVE_REPLICA::{backend.app_name}#{INFERENCE_DEPLOYMENT}")
+    ]
+    handle = ray.get_actor(replica["name"], namespace=replica["namespace"])
+    assert await handle.__ray_call__.remote(imported((*importers, *NEVER_USED_IN_ACTORS))) == [importers[0]]
+    assert "sklearn" in sys.modules or importlib.util.find_spec("sklearn") is not None  # installed here

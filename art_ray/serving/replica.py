@@ -35,6 +35,7 @@ from art_ray.serving.response_store import ClusterResponseHistory
 from art_ray.serving.responses_bridge import ResponsesBridge
 from art_ray.serving.traffic_logs import TrafficLogs
 from art_ray.serving.vllm_app import build_engine_and_app
+from art_ray.unused_imports import skip_unused_imports
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ logger = logging.getLogger(__name__)
 @serve.ingress()
 class InferenceReplica:
     async def __init__(self, config: ServingConfig, deployment: str | None = None) -> None:
+        skip_unused_imports()  # before vLLM imports transformers
         self._config = config
         self._access = AccessTable()  # the registry's, taken below and kept current by its pushes
         self._engine, self._app = await build_engine_and_app(config)

@@ -31,6 +31,7 @@ from art_ray.trainer.packing import PackedRow, PackedStep, segment_attention_mas
 from art_ray.trainer.runs import RunStates, RunStatus, group_key
 from art_ray.trainer.train_batch import RankBatch, rl_batches, sft_batches
 from art_ray.trajectories import Trajectory, TrajectoryGroup
+from art_ray.unused_imports import skip_unused_imports
 
 if TYPE_CHECKING:  # torch loads on the rank: the driver imports this module to create the actors
     import torch
@@ -59,6 +60,7 @@ class TrainerWorker:
     each call that trains, publishes or checkpoints names its run, which goes live first."""
 
     def __init__(self, config: TrainerConfig, rank: int) -> None:
+        skip_unused_imports()  # before transformers and DeepSpeed load
         import torch
 
         self.config = config
