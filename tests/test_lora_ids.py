@@ -1,0 +1,38 @@
+"""A step published again (new weights, same name) while requests of its old weights still run: the engine
+activates both adapter ids of a step and lives (art_ray/serving/lora_ids.py). Without the plugin
+(ART_RAY_LORA_IDS=0) the same run kills the engine: `KeyError` in vLLM's convert_mapping, then
+EngineDeadError, as in issue 49's 20-minute soak."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+DRIVER = Path(__file__).with_name("lora_ids_driver.py")
+
+
+def test_the_plugin_is_a_vllm_general_plugin() -> None:
+    plugins = {entry.name: entry.value for entry in entry_points(group="vllm.general_plugins")}
+    assert plugins["art_ray_lora_ids"] == "art_ray.serving.lora_ids:register"
+
+
+def test_requests_of_a_steps_old_and_new_weights_share_a_batch_and_the_engine_lives() -> None:
+    run = subprocess.run([sys.executable, str(DRIVER)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["R1_running_when_R2_came"], result  # both ids of `n@1` were in one batch
+    assert result["R1"]["lora_int_id"] != result["R2"]["lora_int_id"], result
+    assert result == {
+        **result,
+        "engine_alive": True,
+        "R1": {**result["R1"], "tokens": 300},
+        "R2": {**result["R2"], "tokens": 8},
+        "after": {"lora_int_id": result["R2"]["lora_int_id"], "tokens": 4},
+    }, result
