@@ -251,7 +251,11 @@ async def test_old_versions_are_evicted_beyond_keep_versions(inference_app) -> N
     assert status == 404
 
 
-def test_restarted_replica_serves_every_kept_version(inference_app) -> None:
+def test_replicas_that_died_come_back_serving_every_kept_version(inference_app) -> None:
+    """One replica's engine dies: the request that meets it gets vLLM's OpenAI error, and the replica
+    ends its process at once (art_ray/serving/engine_exit.py), not after three failed health checks. The
+    other replica is killed outright, as the OOM killer does: its engine processes end with it. Both come
+    back serving every kept version."""
     kept = served_by_replicas(inference_app)[0][inference_app.model]
     assert len(kept) > 1
     latest = max(kept)
@@ -262,14 +266,31 @@ def test_restarted_replica_serves_every_kept_version(inference_app) -> None:
         if actor["name"].startswith(f"SERVE_REPLICA::{inference_app.app_name}#{INFERENCE_DEPLOYMENT}")
     ]
     assert len(replicas) == 2
-    victim = ray.get_actor(replicas[0]["name"], namespace=replicas[0]["namespace"])
-    victim_pid = ray.get(victim.__ray_call__.remote(lambda replica: os.getpid()))
-    engine = psutil.Process(victim_pid).children(recursive=True)  # the engine core and its worker
-    assert {process.name() for process in engine} >= {"VLLM::EngineCore", "VLLM::Worker"}
-    os.kill(victim_pid, signal.SIGKILL)  # as the OOM killer does: the replica cannot end its children
-    _, alive = psutil.wait_procs(engine, timeout=20)
+    pids = [
+        ray.get(ray.get_actor(r["name"], namespace=r["namespace"]).__ray_call__.remote(lambda _: os.getpid()))
+        for r in replicas
+    ]
+    engines = [psutil.Process(pid).children(recursive=True) for pid in pids]  # engine core and worker each
+    for engine in engines:
+        assert {process.name() for process in engine} >= {"VLLM::EngineCore", "VLLM::Worker"}
+
+    (core,) = [process for process in engines[0] if process.name() == "VLLM::EngineCore"]
+    core.kill()
+    answers = []
+    while not answers or answers[-1][0] == 200:  # until a request lands on the replica whose engine died
+        assert len(answers) < 40, answers
+        answers.append(error_of(inference_app, {"model": inference_app.model, "messages": PROMPT}))
+    status, body = answers[-1]
+    # vLLM's own answer for a dead engine: an OpenAI error, not the bare 500 of a crashed handler
+    assert status == 500 and body["error"]["type"] == "InternalServerError", answers[-1]
+    assert body["error"]["message"].startswith("EngineCore encountered an issue"), answers[-1]
+    _, alive = psutil.wait_procs([psutil.Process(pids[0]), *engines[0]], timeout=15)
+    assert not alive, f"the replica whose engine died still runs: {alive}"
+
+    os.kill(pids[1], signal.SIGKILL)  # as the OOM killer does: the replica cannot end its children
+    _, alive = psutil.wait_procs(engines[1], timeout=20)
     assert not alive, "the killed replica's engine outlived it"
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + 300
     while True:
         status = serve.status().applications[inference_app.app_name]
         deployment = status.deployments[INFERENCE_DEPLOYMENT]
@@ -281,7 +302,7 @@ def test_restarted_replica_serves_every_kept_version(inference_app) -> None:
                 served = []
             if len(served) == 2:
                 break
-        assert time.monotonic() < deadline, "replica did not come back"
+        assert time.monotonic() < deadline, "replicas did not come back"
         time.sleep(2)
     for served in served_by_replicas(inference_app):
         assert served[inference_app.model] == kept

@@ -25,6 +25,7 @@ from art_ray.serving.capture import CaptureMiddleware
 from art_ray.serving.config import ServedCheckpoint, ServingConfig
 from art_ray.serving.disconnect import DisconnectOnCancel
 from art_ray.serving.endpoint_guard import MESSAGES_PATH, RESPONSES_PATH, EndpointGuard
+from art_ray.serving.engine_exit import EngineExit
 from art_ray.serving.feedback_route import FeedbackMiddleware
 from art_ray.serving.feedback_token import FeedbackSigner
 from art_ray.serving.messages_bridge import MessagesBridge
@@ -47,6 +48,7 @@ class InferenceReplica:
         self._config = config
         self._access = AccessTable()  # the registry's, taken below and kept current by its pushes
         self._engine, self._app = await build_engine_and_app(config)
+        self._app.state.server = EngineExit()  # vLLM's handler of a dead engine stops "the server" there
         self._handover = EngineHandover(self._engine, config.engine.device)
         context = serve.get_replica_context()
         replica_id = context.replica_id.unique_id
