@@ -3,7 +3,8 @@ import at start: transformers imports scikit-learn for assisted generation's can
 (transformers/generation/candidate_generator.py, on every `AutoModel` and on vLLM's config), and
 DeepSpeed's autotuner imports MLflow (deepspeed/autotuning/autotuner.py) whenever it is installed.
 Together they cost a trainer rank's process ~12 s of its ~24 s of imports on the 2-core box, and a
-replica's ~5 s (see the performance page's start-up figures).
+replica's ~5 s (measured while every process still compiled its imports from source, before `make setup`
+compiled bytecode).
 
 Marking them absent (`None` in `sys.modules`) makes `importlib.util.find_spec` report them missing and
 `import` raise ImportError, which both libraries handle as "not installed". Only actor processes that
