@@ -37,6 +37,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def inference_replicas(app_name: str) -> list:
+    """Handles of an app's inference replica actors (each answers `__ray_call__` in its own process)."""
+    import ray
+
+    from art_ray.adapters.registry import INFERENCE_DEPLOYMENT
+
+    prefix = f"SERVE_REPLICA::{app_name}#{INFERENCE_DEPLOYMENT}"
+    return [
+        ray.get_actor(actor["name"], namespace=actor["namespace"])
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["name"].startswith(prefix)
+    ]
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     import ray

@@ -38,10 +38,10 @@ def adapter(base_model: str, folder: Path, seed: int) -> Path:
     return write_peft_adapter(folder, tensors, SPEC, base_model)
 
 
-async def sample(engine, store: AdapterStore, name: str, request_id: str, max_tokens: int, started=None):  # noqa: ANN001, ANN201
+async def sample(engine, serving_models, name: str, request_id: str, max_tokens: int, started=None):  # noqa: ANN001, ANN201
     from vllm import SamplingParams
 
-    lora = store._serving_models.lora_requests[name]  # what vLLM's server resolves a request's model to
+    lora = serving_models.lora_requests[name]  # what vLLM's server resolves a request's model to
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
     final = None
     async for output in engine.generate("Tell me a story.", params, request_id, lora_request=lora):
@@ -64,19 +64,20 @@ async def main(root: Path) -> dict:
     async def nowhere(model: str, step: int) -> None:
         return None
 
-    store = AdapterStore(app.state.openai_serving_models, engine, root / "served", 2, base_model, nowhere)
+    serving_models = app.state.openai_serving_models
+    store = AdapterStore(serving_models, engine, root / "served", 2, base_model, nowhere)
     await store.load_folder("n", 1, adapter(base_model, root / "n1-old", 1))
     started = asyncio.Event()
-    first = asyncio.ensure_future(sample(engine, store, "n@1", "R1", 300, started))
+    first = asyncio.ensure_future(sample(engine, serving_models, "n@1", "R1", 300, started))
     await started.wait()
     await store.load_folder("n", 1, adapter(base_model, root / "n1-new", 2))  # the same step, new weights
     await asyncio.sleep(0.5)  # R1 samples on: its old id is made active again
     await store.load_folder("x", 1, adapter(base_model, root / "x1", 3))
     result: dict = {"R1_running_when_R2_came": not first.done()}
     try:
-        second = await sample(engine, store, "n@1", "R2", 8)
+        second = await sample(engine, serving_models, "n@1", "R2", 8)
         result |= {"R2": second, "R1": await first}
-        result["after"] = await sample(engine, store, "n@1", "R3", 4)
+        result["after"] = await sample(engine, serving_models, "n@1", "R3", 4)
         result["engine_alive"] = True
     except EngineDeadError as error:
         result["engine_alive"] = False

@@ -12,10 +12,9 @@ import time
 
 import psutil
 import pytest
-import ray
+from conftest import inference_replicas
 
 from art_ray import TrainConfig, Trajectory, TrajectoryGroup
-from art_ray.adapters.registry import INFERENCE_DEPLOYMENT
 from art_ray.unused_imports import NEVER_USED_IN_ACTORS
 
 pytestmark = pytest.mark.slow
@@ -188,11 +187,6 @@ async def test_a_trainer_rank_and_a_replica_start_without_scikit_learn_and_mlflo
     await trainer.start()
     rank = trainer.workers[0]
     assert await rank.__ray_call__.remote(imported((*importers, *NEVER_USED_IN_ACTORS))) == sorted(importers)
-    (replica,) = [
-        actor
-        for actor in ray.util.list_named_actors(all_namespaces=True)
-        if actor["name"].startswith(f"SERVE_REPLICA::{backend.app_name}#{INFERENCE_DEPLOYMENT}")
-    ]
-    handle = ray.get_actor(replica["name"], namespace=replica["namespace"])
-    assert await handle.__ray_call__.remote(imported((*importers, *NEVER_USED_IN_ACTORS))) == [importers[0]]
+    (replica,) = inference_replicas(backend.app_name)
+    assert await replica.__ray_call__.remote(imported((*importers, *NEVER_USED_IN_ACTORS))) == [importers[0]]
     assert "sklearn" in sys.modules or importlib.util.find_spec("sklearn") is not None  # installed here

@@ -15,6 +15,7 @@ import psutil
 import pytest
 import ray
 import torch
+from conftest import inference_replicas
 from ray import serve
 
 from art_ray import Trajectory, sampled_tokens
@@ -260,16 +261,9 @@ def test_replicas_that_died_come_back_serving_every_kept_version(inference_app) 
     assert len(kept) > 1
     latest = max(kept)
     expected = greedy(inference_app, f"{inference_app.model}@{latest}")
-    replicas = [
-        actor
-        for actor in ray.util.list_named_actors(all_namespaces=True)
-        if actor["name"].startswith(f"SERVE_REPLICA::{inference_app.app_name}#{INFERENCE_DEPLOYMENT}")
-    ]
+    replicas = inference_replicas(inference_app.app_name)
     assert len(replicas) == 2
-    pids = [
-        ray.get(ray.get_actor(r["name"], namespace=r["namespace"]).__ray_call__.remote(lambda _: os.getpid()))
-        for r in replicas
-    ]
+    pids = [ray.get(replica.__ray_call__.remote(lambda _: os.getpid())) for replica in replicas]
     engines = [psutil.Process(pid).children(recursive=True) for pid in pids]  # engine core and worker each
     for engine in engines:
         assert {process.name() for process in engine} >= {"VLLM::EngineCore", "VLLM::Worker"}
