@@ -41,6 +41,7 @@ from art_ray.remote.protocol import (
     TrainSFTRequest,
     TrainStreamLine,
 )
+from art_ray.serving.replica_grpc import bind_replica_grpc_to_node_address
 from art_ray.tinker.config import TinkerConfig
 from art_ray.tinker.service import RayTinkerService
 from art_ray.tinker.types import TINKER_VERBS, TinkerUserError
@@ -121,6 +122,7 @@ class TrainingServer:
     """One replica: it owns the trainer groups (actors) of the models registered through it."""
 
     def __init__(self, config: dict, deployment: str | None = None) -> None:
+        bind_replica_grpc_to_node_address()
         self.config = TrainingServerConfig.model_validate(config)
         # this app's identity (art_ray/deployment.py): on every response; a request for another: 421
         self.deployment = deployment

@@ -32,6 +32,7 @@ from art_ray.serving.messages_bridge import MessagesBridge
 from art_ray.serving.middleware import ModelRoutingMiddleware
 from art_ray.serving.openapi import endpoint_openapi
 from art_ray.serving.protocol_bridge import ProtocolBridge
+from art_ray.serving.replica_grpc import bind_replica_grpc_to_node_address
 from art_ray.serving.response_store import ClusterResponseHistory
 from art_ray.serving.responses_bridge import ResponsesBridge
 from art_ray.serving.traffic_logs import TrafficLogs
@@ -45,6 +46,7 @@ logger = logging.getLogger(__name__)
 class InferenceReplica:
     async def __init__(self, config: ServingConfig, deployment: str | None = None) -> None:
         skip_unused_imports()  # before vLLM imports transformers
+        bind_replica_grpc_to_node_address()
         self._config = config
         self._access = AccessTable()  # the registry's, taken below and kept current by its pushes
         self._engine, self._app = await build_engine_and_app(config)

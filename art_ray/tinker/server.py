@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from ray import serve
 
 from art_ray import keys
+from art_ray.serving.replica_grpc import bind_replica_grpc_to_node_address
 from art_ray.tinker.api import tinker_app
 from art_ray.tinker.config import TINKER_DEPLOYMENT, TinkerConfig
 from art_ray.tinker.principal import Principal, UnknownKeyError
@@ -84,6 +85,7 @@ class TinkerFront:
     """One replica: sessions, futures and the order of each model's calls live in it."""
 
     def __init__(self, config: dict, training_app: str, api_key: str | None) -> None:
+        bind_replica_grpc_to_node_address()
         self.config = TinkerConfig.model_validate(config)
         self.api_key = api_key
         handle = serve.get_deployment_handle(TRAINING_DEPLOYMENT, app_name=training_app)
