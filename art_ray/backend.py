@@ -159,9 +159,9 @@ class RayBackend:
             ray.init(address=self.address or os.environ["RAY_ADDRESS"], log_to_driver=False)
 
     def _init_embedded_ray(self) -> None:
-        from art_ray.serving.launch import loopback_only_ray
+        from art_ray.serving.launch import embedded_ray
 
-        with loopback_only_ray():
+        with embedded_ray():
             ray.init(
                 address="local",
                 num_cpus=self.num_cpus or max(2, os.cpu_count() or 2),

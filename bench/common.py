@@ -14,9 +14,13 @@ def free_port() -> int:
 
 
 def start_local_ray(num_cpus: int = 4) -> None:
+    """A cluster of this machine, as `RayBackend()` embeds one: loopback only, no metrics collection."""
     import ray
 
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    from art_ray.serving.launch import embedded_ray
+
+    with embedded_ray():
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
 
 
 def print_table(title: str, headers: list[str], rows: list[list[object]]) -> None:

@@ -51,27 +51,34 @@ def stop_inference(app_name: str) -> None:
 # Ray's switch for single-machine clusters (its default on macOS and Windows): the node's address is
 # loopback, so every socket of the cluster (GCS, raylet, object manager, workers, agents) binds 127.0.0.1
 LOOPBACK_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+# Ray's metrics collection: nothing reads an embedded cluster's metrics (it starts no dashboard and no
+# Prometheus), and in an hour's soak it was most of the raylet's memory growth (bench/soak.py)
+METRICS_COLLECTION_ENV = "RAY_enable_metrics_collection"
+EMBEDDED_RAY_ENV = {LOOPBACK_ONLY_ENV: "0", METRICS_COLLECTION_ENV: "0"}
 
 
 @contextlib.contextmanager
-def loopback_only_ray() -> Iterator[None]:
-    """Around `ray.init` of an embedded cluster: its processes listen on loopback only. Ray otherwise
-    resolves even 127.0.0.1 to the machine's network address, which its sockets then bind, so a laptop
-    on a café network would offer them; a cluster of one machine needs none of that. Its processes get
-    the switch from their environment; this process's Ray reads it at import, so it is set for the call."""
+def embedded_ray() -> Iterator[None]:
+    """Around `ray.init` of an embedded cluster: its processes listen on loopback only, and collect no
+    metrics. Ray otherwise resolves even 127.0.0.1 to the machine's network address, which its sockets
+    then bind, so a laptop on a café network would offer them; a cluster of one machine needs none of
+    that. Its processes get both switches from their environment; this process's Ray reads the first at
+    import, so it is set for the call."""
     from ray._private import ray_constants
 
-    before_env, before_flag = os.environ.get(LOOPBACK_ONLY_ENV), ray_constants.ENABLE_RAY_CLUSTER
-    os.environ[LOOPBACK_ONLY_ENV] = "0"
+    before_env = {name: os.environ.get(name) for name in EMBEDDED_RAY_ENV}
+    before_flag = ray_constants.ENABLE_RAY_CLUSTER
+    os.environ.update(EMBEDDED_RAY_ENV)
     ray_constants.ENABLE_RAY_CLUSTER = False
     try:
         yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = before_flag
-        if before_env is None:
-            os.environ.pop(LOOPBACK_ONLY_ENV, None)
-        else:
-            os.environ[LOOPBACK_ONLY_ENV] = before_env
+        for name, value in before_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def stop_local_cluster() -> None:
