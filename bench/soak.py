@@ -23,8 +23,9 @@ other than 404 (a 5xx, which answers nothing, is counted by the fault it met); t
 p99 with the flood against without; each process's resident memory sampled every 30 s, its growth after
 the warm-up (the first quarter, at least 5 minutes; as long again for a process that replaced a killed one):
 all of it, and its private (anonymous) part. The rest of a resident set is file pages (a binary's code,
-paged in as its paths first run, and dropped under pressure) and shared memory. (The raylet's growth is
-private memory, and an idle cluster's raylet grows alike in its first minutes: Ray's own warm-up.)
+paged in as its paths first run, and dropped under pressure) and shared memory. The local cluster starts
+as `RayBackend()` embeds one (loopback only, no Ray metrics collection: with it, the raylet's private memory
+grew as an idle cluster's does, Ray's own, +5.1% over an hour).
 
     python bench/soak.py                     # an hour
     python bench/soak.py --minutes 10 --fault-every 1.5
