@@ -486,9 +486,11 @@ class RayBackend:
         self._last_call[model.name] = again
         # A Tinker run's step checkpoints are art-ray's own, for a restart (its user keeps states with
         # save_state): the last complete one and this step's, still being written, are all a restart
-        # needs, and one per step would fill the storage in a long run
+        # needs, and one per step would fill the storage in a long run. The newest complete one stays
+        # whatever storage shows of the previous step's, so a restart always has one to resume from.
         current = self._trainer(model).step
-        await self.delete_checkpoints(model, steps_to_keep=[current - 1, current])
+        complete = self.checkpoint_steps(model)
+        await self.delete_checkpoints(model, steps_to_keep=[current - 1, current, *complete[-1:]])
         return metrics
 
     async def save_for_sampler(self, model: TrainableModel) -> int:

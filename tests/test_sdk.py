@@ -210,7 +210,6 @@ async def test_a_killed_trainer_rank_is_restarted_and_its_step_ends_as_if_nothin
     call's step made twice; later, both steps lost). Their adapters are equal, and MLflow holds each row
     once."""
     import mlflow
-    import ray
     import torch
     from conftest import stop_trainer
 
@@ -235,7 +234,7 @@ async def test_a_killed_trainer_rank_is_restarted_and_its_step_ends_as_if_nothin
             if step == 2:  # rank 0 is gone, as on a lost node, before step 1's checkpoint was complete
                 await trainer.wait_for_checkpoint()
                 (Path(trainer.config.checkpoint_dir(1)) / STATE_FILE).unlink()
-                ray.kill(trainer.workers[0])
+                await kill_rank(trainer.workers[0])
             if step == 3:
                 die_while_step_2_is_written(trainer)
             for model in (killed, reference):
@@ -259,19 +258,33 @@ async def test_a_killed_trainer_rank_is_restarted_and_its_step_ends_as_if_nothin
             stop_trainer(backend, model.name)
 
 
+async def kill_rank(worker) -> None:  # noqa: ANN001
+    """A trainer rank killed as a lost node kills it, gone when this returns: `ray.kill` returns before
+    the actor dies, and a call sent meanwhile may still be answered (a full run of the suite saw a step's
+    checkpoint started on a rank being killed, so the run's last complete checkpoint was pruned and the
+    restart found none)."""
+    import ray
+
+    ray.kill(worker)
+    while True:
+        try:
+            await worker.__ray_ready__.remote()
+        except ray.exceptions.RayActorError:
+            return
+        await asyncio.sleep(0.05)
+
+
 def die_while_step_2_is_written(trainer) -> None:  # noqa: ANN001
     """The group's rank 0 dies after its next call made step 3, as that call waits for step 2's
     checkpoint to be complete (made here incomplete): no storage holds steps 2 and 3."""
-    import ray
-
     wait = trainer.wait_for_checkpoint
 
     async def waiting_on_a_dying_rank() -> None:
         trainer.wait_for_checkpoint = wait
         await wait()
         (Path(trainer.config.checkpoint_dir(2)) / STATE_FILE).unlink()
-        ray.kill(trainer.workers[0])
-        await trainer.workers[0].get_step.remote(trainer.run)
+        await kill_rank(trainer.workers[0])
+        await trainer.workers[0].get_step.remote(trainer.run)  # the call meets its dead rank
 
     trainer.wait_for_checkpoint = waiting_on_a_dying_rank
 
@@ -284,7 +297,6 @@ async def test_a_tinker_run_keeps_its_steps_and_waiting_gradients_when_a_trainer
     checkpoint: that call still returns step 3, steps 2 and 3 made again from their calls, and the
     sibling's waiting calls go to the new ranks. Both adapters equal a third run's on its own ranks that no
     fault touched, and the killed run keeps only the step checkpoints a restart needs."""
-    import ray
     from conftest import stop_trainer
     from test_tinker_trainer import CONVERSATIONS, tinker_data
     from transformers import AutoTokenizer
@@ -322,7 +334,7 @@ async def test_a_tinker_run_keeps_its_steps_and_waiting_gradients_when_a_trainer
                 trainer = backend._trainers[killed.name]
                 await trainer.wait_for_checkpoint()
                 (Path(trainer.config.checkpoint_dir(1)) / STATE_FILE).unlink()
-                ray.kill(trainer.workers[0])
+                await kill_rank(trainer.workers[0])
             if step == 3:
                 restarted = backend._trainers[killed.name]
                 die_while_step_2_is_written(restarted)
