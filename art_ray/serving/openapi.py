@@ -11,7 +11,6 @@ Clients generate from it, and the fuzzer (bench/fuzz.py) takes every request it 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from typing import Any
 
 import pydantic
@@ -50,11 +49,6 @@ SESSION_PARAMETER = {
     "required": True,
     "schema": {"type": "string", "pattern": f"^{SESSION_ID}$"},
 }
-
-
-def endpoint_openapi_of(vllm_openapi: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """The endpoint's document from vLLM's app's `openapi` method (called here, once per replica)."""
-    return endpoint_openapi(vllm_openapi())
 
 
 def endpoint_openapi(vllm_document: dict[str, Any], title: str = "art-ray OpenAI endpoint") -> dict[str, Any]:

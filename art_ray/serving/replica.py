@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import tempfile
-from functools import cache, partial
+from functools import cache
 from pathlib import Path
 
 import ray
@@ -31,7 +31,7 @@ from art_ray.serving.feedback_route import FeedbackMiddleware
 from art_ray.serving.feedback_token import FeedbackSigner
 from art_ray.serving.messages_bridge import MessagesBridge
 from art_ray.serving.middleware import ModelRoutingMiddleware
-from art_ray.serving.openapi import endpoint_openapi_of
+from art_ray.serving.openapi import endpoint_openapi
 from art_ray.serving.protocol_bridge import ProtocolBridge
 from art_ray.serving.replica_grpc import bind_replica_grpc_to_node_address
 from art_ray.serving.response_store import ClusterResponseHistory
@@ -97,7 +97,8 @@ class InferenceReplica:
         self._app.middleware_stack = None  # vLLM's setup already built the stack; rebuild it with ours
         # FastAPI's /openapi.json route calls app.openapi(); vLLM's document takes ~1.7 CPU seconds to build,
         # so it is built at the first request for it, not at every replica's start
-        self._app.openapi = cache(partial(endpoint_openapi_of, self._app.openapi))
+        vllm_openapi = self._app.openapi
+        self._app.openapi = cache(lambda: endpoint_openapi(vllm_openapi()))
         await self._registry.subscribe.remote(context.app_name, context.deployment)
         await self.update_access(await self._registry.access.remote())
         # Before taking traffic: serve the configured checkpoints and the versions the registry keeps.

@@ -37,16 +37,15 @@ class NodeAddressBinding:
         return self.add_port(server, address)
 
 
-def bind_replica_grpc_to_node_address() -> bool:
+def bind_replica_grpc_to_node_address() -> None:
     """In a Serve replica's constructor: its inter-deployment gRPC server will listen on the node's
-    address if that address is loopback. Returns whether it will."""
+    address if that address is loopback."""
     import ray
     from ray.serve._private import replica
 
     node_ip = ipaddress.ip_address(ray.util.get_node_ip_address())
     if not node_ip.is_loopback:
-        return False
+        return
     node_address = f"[{node_ip}]" if node_ip.version == 6 else str(node_ip)
     if not isinstance(replica.add_port_to_grpc_server, NodeAddressBinding):
         replica.add_port_to_grpc_server = NodeAddressBinding(replica.add_port_to_grpc_server, node_address)
-    return True
