@@ -54,9 +54,10 @@ if TYPE_CHECKING:
     from art_ray.train_config import TrainConfig
 
 HELD_OUT = {"code_math": 128, "email_agent": 64, "terminal_agent": 64}
-# The system name of a run whose choices trained as if sampled at temperature 1 (`--trained-at one`): how
-# every version before issue 46 trained, kept here to measure the fix against in the same invocation.
-AS_IF_ONE = "art-ray (as if T=1)"
+# `--trained-at`'s arms beside the example's own recipe: each choice trained at the temperature it was sampled
+# at, or as if sampled at 1 (how every version before issue 46 trained): the system's name in the table and
+# its headline keys' prefix after the task's name
+ARMS = {"tempered": ("art-ray (tempered)", "_tempered"), "one": ("art-ray (as if T=1)", "_as_if_t1")}
 # held-out evaluations of the email agent are multi-turn and cost more: fewer of them
 EVAL_EVERY = {"code_math": 1.5, "email_agent": 3.0, "terminal_agent": 3.0}
 
@@ -124,21 +125,25 @@ def settings(task, args: argparse.Namespace) -> argparse.Namespace:  # noqa: ANN
     return defaults
 
 
-def as_if_one_train_config(config: TrainConfig, args: argparse.Namespace) -> TrainConfig:
-    """The as-if-1 arm's recipe: every choice trained at temperature 1 (as ART trains), its old logprobs
-    precalculated by the trainer so the ratio still starts at 1."""
-    update: dict = {"precalculate_logprobs": True, "train_temperature": 1.0}
-    if args.as_if_t1_beta is not None:
-        update["beta"] = args.as_if_t1_beta
-    return config.model_copy(update=update)
+def arm_train_config(config: TrainConfig, arm: str | None, args: argparse.Namespace) -> TrainConfig:
+    """An arm's recipe: the example's own (None); every choice trained at the temperature it was sampled at
+    ("tempered"); or as if sampled at 1 ("one", as ART trains), its old logprobs precalculated by the trainer
+    so the ratio still starts at 1, with `--as-if-t1-beta`'s KL penalty where given."""
+    if arm == "tempered":
+        return config.model_copy(update={"train_temperature": None})
+    if arm == "one":
+        update: dict = {"precalculate_logprobs": True, "train_temperature": 1.0}
+        if args.as_if_t1_beta is not None:
+            update["beta"] = args.as_if_t1_beta
+        return config.model_copy(update=update)
+    return config
 
 
 async def art_ray_curve(  # noqa: ANN001
-    backend, task, seed: int, args: argparse.Namespace, as_if_one: bool = False
+    backend, task, seed: int, args: argparse.Namespace, arm: str | None = None
 ) -> dict:
-    """One fresh model trained for the budget; held-out correctness at each evaluation. `as_if_one`: its
-    choices train as if sampled at temperature 1 (`train_temperature=1.0`; evaluation is greedy either
-    way)."""
+    """One fresh model trained for the budget; held-out correctness at each evaluation. `arm`: the
+    example's own recipe (None) or one of ARMS (`arm_train_config`; evaluation is greedy either way)."""
     import random
 
     from loop import evaluate, gather_and_train, task_model_config
@@ -146,10 +151,10 @@ async def art_ray_curve(  # noqa: ANN001
     from art_ray import TrainableModel
 
     run = settings(task, args)
-    if as_if_one:
-        run.train_config = as_if_one_train_config(run.train_config, args)
+    run.train_config = arm_train_config(run.train_config, arm, args)
+    system, suffix = ARMS[arm] if arm else ("art-ray", "")
     model = TrainableModel(
-        name=run_name(task, seed) + ("-as-if-t1" if as_if_one else ""),
+        name=run_name(task, seed) + suffix.replace("_", "-"),
         project="bench-learning",
         base_model=args.model,
         config=task_model_config(task, run.lora_rank, seed=seed),
@@ -195,7 +200,7 @@ async def art_ray_curve(  # noqa: ANN001
     steps = await model.get_step()
     return {
         "name": model.name,
-        "system": AS_IF_ONE if as_if_one else "art-ray",
+        "system": system,
         "task": task.name,
         "seed": seed,
         "steps": steps,
@@ -234,13 +239,15 @@ async def art_ray_runs(
 ) -> list[dict]:
     """Every task, seed and arm on one backend (the engine starts once); each run's trainer is freed after
     it. The arms of a seed run one after the other, so a change in the box's speed meets both."""
-    arms = {"sampled": [False], "one": [True], "both": [False, True]}[args.trained_at]
+    arms = {"recipe": [None], "tempered": ["tempered"], "one": ["one"], "both": ["tempered", "one"]}[
+        args.trained_at
+    ]
     runs = []
     for task in tasks:
         for seed in args.seeds:
-            for as_if_one in arms:
+            for arm in arms:
                 started = time.perf_counter()
-                run = await art_ray_curve(backend, task, seed, args, as_if_one=as_if_one)
+                run = await art_ray_curve(backend, task, seed, args, arm=arm)
                 run["wall_s"] = time.perf_counter() - started
                 runs.append(run)
                 free_trainer(run["name"])  # the next run's trainer takes its place
@@ -382,10 +389,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--trained-at",
-        choices=["sampled", "one", "both"],
-        default="sampled",
-        help="art-ray's choices train at the temperature they were sampled at, or as if at 1 (as before "
-        "issue 46; old logprobs precalculated), or both arms per seed (headline keys <task>_as_if_t1_*)",
+        choices=["recipe", "tempered", "one", "both"],
+        default="recipe",
+        help="art-ray's choices train by the example's own recipe (its TrainConfig.train_temperature), at "
+        "the temperature they were sampled at (headline keys <task>_tempered_*), as if at 1 (how versions "
+        "before issue 46 trained; old logprobs precalculated; <task>_as_if_t1_*), or both of those per seed",
     )
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--plot", type=Path, default=None, help="the PNG (default docs/learning_curves.png)")
@@ -433,7 +441,8 @@ def summarize(runs: list[dict], args: argparse.Namespace) -> dict:
     )
     for system, task in sorted({(r["system"], r["task"]) for r in runs}):
         group = [r for r in runs if (r["system"], r["task"]) == (system, task)]
-        prefix = {"art-ray": task, AS_IF_ONE: f"{task}_as_if_t1"}.get(system, system)
+        prefixes = {"art-ray": task, **{name: task + suffix for name, suffix in ARMS.values()}}
+        prefix = prefixes.get(system, system)
         base = statistics.median(r["points"][0]["correct"] for r in group)
         final = statistics.median(r["points"][-1]["correct"] for r in group)
         n = group[0]["points"][-1]["n"]

@@ -40,15 +40,18 @@ def test_the_same_held_out_items_for_every_run() -> None:
     assert learning.held_out_items("code_math", 128)[:12] == list(example.val_scenarios)
 
 
-def test_the_as_if_one_arm_trains_every_choice_at_temperature_one_from_precalculated_logprobs() -> None:
+def test_each_arm_trains_at_its_temperature_and_the_recipe_arm_as_the_example_does() -> None:
     from art_ray import TrainConfig
 
-    tempered = TrainConfig(beta=0.05)
+    recipe = TrainConfig(beta=0.05, precalculate_logprobs=True, train_temperature=1.0)
     args = learning.parse_args(["--short", "--as-if-t1-beta", "0.1"])
-    as_if_one = learning.as_if_one_train_config(tempered, args)
+    assert args.trained_at == "recipe"
+    assert learning.arm_train_config(recipe, None, args) == recipe
+    tempered = learning.arm_train_config(recipe, "tempered", args)
+    assert (tempered.train_temperature, tempered.beta) == (None, 0.05)
+    as_if_one = learning.arm_train_config(TrainConfig(beta=0.05), "one", args)
     assert (as_if_one.train_temperature, as_if_one.precalculate_logprobs, as_if_one.beta) == (1.0, True, 0.1)
-    assert tempered.train_temperature is None
-    kept = learning.as_if_one_train_config(tempered, learning.parse_args(["--short"]))
+    kept = learning.arm_train_config(TrainConfig(beta=0.05), "one", learning.parse_args(["--short"]))
     assert kept.beta == 0.05
 
 

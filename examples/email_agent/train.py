@@ -108,7 +108,14 @@ TASK = AgentTask(
     # arguments the reward does not grade (keywords, then answers) drifted into junk and held-out
     # correctness fell from 0.72 and 0.95 to 0.20 and 0.42 within three steps; with it, the median of 3
     # seeds went 0.44 -> 0.72 at the budget, none falling (README, "More steps, and what follows them")
-    train_config=TrainConfig(scale_rewards=False, precalculate_logprobs=True, beta=0.1),
+    # trained as if sampled at temperature 1 (as ART trains and art-ray did before issue 46), not at the 0.5
+    # it samples at: the gradient of the tempered policy (art-ray's default, TRL's and verl's) learned less
+    # in 15 minutes here, in 5 of 6 same-day pairs (docs/performance/learning.md, 2026-12-02: 3-seed median
+    # +0.11 tempered against +0.25 and +0.19 on two seeds as if at 1). Its old logprobs are the trainer's at
+    # 1 too (precalculate_logprobs), so every step's ratio still starts at 1
+    train_config=TrainConfig(
+        scale_rewards=False, precalculate_logprobs=True, beta=0.1, train_temperature=1.0
+    ),
     # the tools' schemas take ~500 tokens, two turns of search results ~1,000; trainer memory grows with
     # the square of this length (2048 ran out of 23 GB on CPU)
     max_model_len=1280,
