@@ -23,6 +23,34 @@ def test_the_plugin_is_a_vllm_general_plugin() -> None:
     assert plugins["art_ray_lora_ids"] == "art_ray.serving.lora_ids:register"
 
 
+LAZY = """
+import json, sys
+from art_ray.serving import lora_ids
+lora_ids.register()
+imported = [name for name in ("vllm.v1.worker.gpu.lora_utils", "vllm.lora.utils") if name in sys.modules]
+from vllm.v1.worker.gpu.lora_utils import LoraState
+from vllm.v1.worker.gpu_input_batch import InputBatch
+lora_ids.register()
+print(json.dumps({
+    "imported_by_register": imported,
+    "patched": [LoraState.get_activate_loras.__name__, InputBatch.make_lora_inputs.__name__],
+    "finders_left": sum(isinstance(finder, lora_ids.PatchAfterImport) for finder in sys.meta_path),
+}))
+"""
+
+
+def test_the_plugin_imports_no_model_runner_and_patches_each_as_it_is_imported() -> None:
+    """The replica's API server loads vLLM's plugins but runs no model: registering imports nothing of the
+    model runners', and each is patched when imported (as the engine's process does)."""
+    run = subprocess.run([sys.executable, "-c", LAZY], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == {
+        "imported_by_register": [],
+        "patched": ["activate_by_id", "make_lora_inputs_by_id"],
+        "finders_left": 0,
+    }
+
+
 def test_requests_of_a_steps_old_and_new_weights_share_a_batch_and_the_engine_lives() -> None:
     run = subprocess.run([sys.executable, str(DRIVER)], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]

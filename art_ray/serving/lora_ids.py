@@ -16,8 +16,12 @@ Here each distinct id of a step is activated; the scheduler already bounds a ste
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import os
-from collections.abc import Iterable
+import sys
+from collections.abc import Callable, Iterable
+from types import ModuleType
 from typing import Any
 
 PATCHED = "_art_ray_lora_ids"
@@ -29,27 +33,72 @@ def by_id(requests: Iterable[Any]) -> list[Any]:
 
 
 def register() -> None:
-    """vLLM calls this in every process that builds an engine (idempotent)."""
+    """vLLM calls this in every process that loads its plugins (idempotent). The model runners' modules are
+    patched as they are imported: the replica's API server loads the plugins but runs no model, and
+    importing them there cost ~1 s of its start (vllm.lora.utils and what it imports)."""
     if os.environ.get("ART_RAY_LORA_IDS", "1") == "0":
         return
-    from vllm.v1.worker import gpu_input_batch
-    from vllm.v1.worker.gpu import lora_utils
+    after_import("vllm.v1.worker.gpu_input_batch", patch_input_batch)
+    after_import("vllm.v1.worker.gpu.lora_utils", patch_lora_state)
 
-    batch = gpu_input_batch.InputBatch
-    if not getattr(batch, PATCHED, False):
-        make_lora_inputs = batch.make_lora_inputs
 
-        def make_lora_inputs_by_id(self: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any, list[Any]]:
-            prompt_mapping, token_mapping, _ = make_lora_inputs(self, *args, **kwargs)
-            return prompt_mapping, token_mapping, by_id(self.lora_id_to_lora_request.values())
+def patch_input_batch(module: ModuleType) -> None:
+    batch = module.InputBatch
+    if getattr(batch, PATCHED, False):
+        return
+    make_lora_inputs = batch.make_lora_inputs
 
-        batch.make_lora_inputs = make_lora_inputs_by_id
-        setattr(batch, PATCHED, True)
-    state = lora_utils.LoraState
-    if not getattr(state, PATCHED, False):
+    def make_lora_inputs_by_id(self: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any, list[Any]]:
+        prompt_mapping, token_mapping, _ = make_lora_inputs(self, *args, **kwargs)
+        return prompt_mapping, token_mapping, by_id(self.lora_id_to_lora_request.values())
 
-        def activate_by_id(self: Any, req_ids: list[str]) -> list[Any]:
-            return by_id(self.lora_requests.get(req_id) for req_id in req_ids)
+    batch.make_lora_inputs = make_lora_inputs_by_id
+    setattr(batch, PATCHED, True)
 
-        state.get_activate_loras = activate_by_id
-        setattr(state, PATCHED, True)
+
+def patch_lora_state(module: ModuleType) -> None:
+    state = module.LoraState
+    if getattr(state, PATCHED, False):
+        return
+
+    def activate_by_id(self: Any, req_ids: list[str]) -> list[Any]:
+        return by_id(self.lora_requests.get(req_id) for req_id in req_ids)
+
+    state.get_activate_loras = activate_by_id
+    setattr(state, PATCHED, True)
+
+
+def after_import(name: str, patch: Callable[[ModuleType], None]) -> None:
+    """`patch(module)` now if `name` is imported, else right after its import."""
+    if name in sys.modules:
+        patch(sys.modules[name])
+    elif not any(isinstance(f, PatchAfterImport) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, PatchAfterImport(name, patch))
+
+
+class PatchAfterImport(importlib.abc.MetaPathFinder):
+    """Finds `name` with the finders after it, and has its loader run `patch` once the module is executed."""
+
+    def __init__(self, name: str, patch: Callable[[ModuleType], None]) -> None:
+        self.name, self.patch = name, patch
+
+    def find_spec(
+        self, fullname: str, path: Any = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None and spec.loader is not None:
+                break
+        else:
+            return None
+        exec_module = spec.loader.exec_module
+
+        def exec_then_patch(module: ModuleType) -> None:
+            exec_module(module)
+            self.patch(module)
+
+        spec.loader.exec_module = exec_then_patch  # type: ignore[method-assign]
+        return spec
