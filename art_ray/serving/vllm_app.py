@@ -71,8 +71,10 @@ async def build_engine_and_app(config: ServingConfig) -> tuple[Any, Any]:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from art_ray.serving.cpu_fork import fork_engine_core
+    from art_ray.serving.ipc_dir import own_ipc_dir
 
     config.engine.apply_env()
+    own_ipc_dir()
     log_vllm_lines()
     args = vllm_namespace(config)
     if args.tool_call_parser and config.tool_call_max_whitespace is not None:
