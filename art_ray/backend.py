@@ -490,7 +490,7 @@ class RayBackend:
         # whatever storage shows of the previous step's, so a restart always has one to resume from.
         current = self._trainer(model).step
         complete = self.checkpoint_steps(model)
-        await self.delete_checkpoints(model, steps_to_keep=[current - 1, current, *complete[-1:]])
+        self._delete_checkpoints_of(model, complete, keep={current - 1, current, *complete[-1:]})
         return metrics
 
     async def save_for_sampler(self, model: TrainableModel) -> int:
@@ -721,8 +721,6 @@ class RayBackend:
     ) -> list[int]:
         """Delete every checkpoint but `steps_to_keep`, or (without it) but the latest and the best by
         `best_checkpoint_metric` (higher is better); returns the deleted steps."""
-        from art_ray import storage
-
         steps = self.checkpoint_steps(model)
         if not steps:
             return []
@@ -737,6 +735,12 @@ class RayBackend:
             }
             if history:
                 keep.add(max(history, key=lambda step: history[step]))
+        return self._delete_checkpoints_of(model, steps, keep)
+
+    def _delete_checkpoints_of(self, model: TrainableModel, steps: list[int], keep: set[int]) -> list[int]:
+        """Delete the checkpoints of `steps` but `keep`; the deleted steps."""
+        from art_ray import storage
+
         deleted = [step for step in steps if step not in keep]
         for step in deleted:
             storage.delete_dir(self._trainer(model).config.checkpoint_dir(step))
