@@ -1,10 +1,12 @@
-"""Helpers shared by the benchmarks: a local Ray cluster, a free loopback port, table printing."""
+"""Helpers shared by the benchmarks: a local Ray cluster, a free loopback port, table printing, the box's
+speed."""
 
 from __future__ import annotations
 
 import json
 import socket
 import statistics
+import time
 
 
 def free_port() -> int:
@@ -39,3 +41,23 @@ def median(values: list[float]) -> float:
 
 def print_result(result: dict) -> None:
     print(json.dumps(result), flush=True)
+
+
+def box_gflops() -> float:
+    """The box's speed as the performance history records it: GFLOP/s of a 1024^2 fp32 matmul on one torch
+    thread. On the 2-core dev box it moved between 63 and 107 from hour to hour, so a figure of a slow hour
+    is compared with its own speed, not read as a regression."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+        for _ in range(3):
+            a @ b
+        started = time.perf_counter()
+        for _ in range(20):
+            a @ b
+        return round(2 * 1024**3 * 20 / (time.perf_counter() - started) / 1e9, 1)
+    finally:
+        torch.set_num_threads(threads)

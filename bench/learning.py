@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(ROOT / "examples"))
 
-from common import free_port, print_result, print_table  # noqa: E402
+from common import box_gflops, free_port, print_result, print_table  # noqa: E402
 
 if TYPE_CHECKING:
     from art_ray.train_config import TrainConfig
@@ -412,6 +412,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.eval_every = args.eval_every or (1.0 if short else None)
     short_plot = Path(tempfile.gettempdir()) / "learning_curves_short.png"
     args.plot = args.plot or (short_plot if short else ROOT / "docs" / "learning_curves.png")
+    args.box_gflops = []  # common.box_gflops() before and after the runs, where `run` makes them
     return args
 
 
@@ -494,6 +495,7 @@ async def run(
     from art_ray import RayBackend
 
     tasks = bench_tasks(args)  # before the backend: its workers get the examples' folders on their path
+    args.box_gflops.append(box_gflops())
     with tempfile.TemporaryDirectory() as workdir:
         own = backend is None
         if backend is None:
@@ -504,6 +506,7 @@ async def run(
         finally:
             if own:
                 backend.shutdown()
+        args.box_gflops.append(box_gflops())
         code_math = [task for task in tasks if task.name == "code_math"]
         if not args.skip_trl and code_math:
             for seed in args.seeds:
@@ -519,6 +522,8 @@ def report(runs: list[dict], args: argparse.Namespace) -> dict:
     args.plot.with_suffix(".json").write_text(json.dumps({"title": title, "runs": runs}, indent=1))
     result = summarize(runs, args)
     result["plot"] = str(args.plot)
+    if args.box_gflops:  # before and after art-ray's runs
+        result["box_gflops"] = args.box_gflops
     print_result(result)
     return result
 
