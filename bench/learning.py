@@ -440,10 +440,10 @@ def summarize(runs: list[dict], args: argparse.Namespace) -> dict:
         ["system", "task", "seed", "steps", "before", "after", "after 95% CI", "items", "eval s"],
         rows,
     )
+    suffixes = {"art-ray": "", **dict(ARMS.values())}
     for system, task in sorted({(r["system"], r["task"]) for r in runs}):
         group = [r for r in runs if (r["system"], r["task"]) == (system, task)]
-        prefixes = {"art-ray": task, **{name: task + suffix for name, suffix in ARMS.values()}}
-        prefix = prefixes.get(system, system)
+        prefix = task + suffixes[system] if system in suffixes else system
         base = statistics.median(r["points"][0]["correct"] for r in group)
         final = statistics.median(r["points"][-1]["correct"] for r in group)
         n = group[0]["points"][-1]["n"]
